@@ -1,0 +1,66 @@
+"""Residual-stream norms by modality, and the vision/text norm ratio (the study's Observation 1).
+
+Definitions:
+- token norm: ‖h_l(t)‖₂, the L2 norm over `dim` of the residual stream of token t at layer l;
+- modality mean: the mean of token norms over all tokens of that modality of one sample, then the
+  mean over samples (each sample weighs the same, however many tokens it has);
+- vision/text norm ratio at layer l: mean vision norm / mean text norm, per sample, averaged over
+  samples (layer 0 is the LLM input: the study's table).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+
+def token_norms(ds: xr.Dataset) -> xr.DataArray:
+    """‖h‖₂ per (token, layer), computed chunk by chunk (dask) and loaded: D times smaller."""
+    return np.sqrt((ds["hidden"].astype("float64") ** 2).sum("dim")).compute()
+
+
+def _frame(norms: xr.DataArray) -> pd.DataFrame:
+    index = norms.indexes["token"].to_frame(index=False)
+    frame = pd.DataFrame(norms.values, columns=[int(l) for l in norms["layer"].values])
+    return pd.concat([index[["condition", "sample", "modality"]].astype(str), frame], axis=1)
+
+
+def modality_norms(ds: xr.Dataset) -> xr.DataArray:
+    """Mean token norm per (condition, modality, layer): per-sample means, then the mean over samples."""
+    frame = _frame(token_norms(ds))
+    per_sample = frame.groupby(["condition", "modality", "sample"]).mean()
+    means = per_sample.groupby(level=["condition", "modality"]).mean()
+    stacked = means.stack()
+    stacked.index = stacked.index.set_names(["condition", "modality", "layer"])
+    return xr.DataArray.from_series(stacked).rename("norm")
+
+
+def norm_ratio(ds: xr.Dataset, layer: int = 0) -> pd.Series:
+    """Vision/text norm ratio at `layer` per condition: per-sample ratios averaged over samples."""
+    frame = _frame(token_norms(ds.sel(layer=[layer])))
+    per_sample = frame.groupby(["condition", "sample", "modality"])[layer].mean().unstack("modality")
+    if "vision" not in per_sample or "text" not in per_sample:
+        return pd.Series(dtype=float, name="vision/text norm ratio")
+    ratio = (per_sample["vision"] / per_sample["text"]).groupby(level="condition").mean()
+    return ratio.rename("vision/text norm ratio")
+
+
+def norm_table(store: str | Path, layer: int = 0) -> str:
+    """Markdown: model | condition | vision/text norm ratio at `layer` (n samples)."""
+    from workbench.store import list_models, open_store
+
+    rows = ["| model | condition | vision/text norm ratio (layer %d) |" % layer, "|---|---|---|"]
+    for model in list_models(store):
+        ds = open_store(store, model=model)
+        if "hidden" not in ds:
+            continue
+        for condition, value in norm_ratio(ds, layer).items():
+            rows.append(f"| {model} | {condition} | {value:.3f} |")
+    return "\n".join(rows)
+
+
+def print_norm_table(store: str | Path) -> None:
+    print(norm_table(store))

@@ -1,0 +1,140 @@
+"""The `workbench` command line: run, validate, info."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .spec import load_spec
+
+    spec = load_spec(args.spec)
+    overrides = {
+        "models": getattr(args, "models", None),
+        "data_source": getattr(args, "data", None),
+        "limit": getattr(args, "limit", None),
+        "store_path": getattr(args, "store", None),
+        "device": getattr(args, "device", None),
+        "dtype": getattr(args, "dtype", None),
+    }
+    if any(v is not None for v in overrides.values()):
+        spec = spec.with_overrides(**overrides)
+    return spec
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .runner import compile_all
+
+    spec = _load(args)
+    plans = compile_all(spec) if args.models_check else []
+    n_conditions = len(spec.expand_conditions())
+    print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
+          f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
+    for plan in plans:
+        print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
+              f"hidden {plan.info.hidden_size}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run_spec
+
+    spec = _load(args)
+    summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto", progress=not args.no_progress)
+    print(f"wrote {summary.written} and skipped {summary.skipped} of {summary.total} "
+          f"(model, sample, condition) results into {summary.store}")
+    if not args.no_table and summary.total:
+        from analyses.norms import print_norm_table
+
+        print_norm_table(summary.store)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .store import store_info
+
+    info = store_info(args.store)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"store {info['path']}  ({info['runs']} run(s) recorded)")
+    damaged = False
+    for model_id, model in info["models"].items():
+        print(f"\n{model_id}  [{model.get('family', '?')}, {model.get('n_layers', '?')} layers, "
+              f"hidden {model.get('hidden_size', '?')}]")
+        print(f"  {'condition':<20} {'samples':>7} {'tokens':>8} {'layers':>8} {'MB':>8}  variables")
+        for name, c in model["conditions"].items():
+            variables = ", ".join(f"{k}{tuple(v['shape'])}" for k, v in c["variables"].items())
+            layers = f"{len(c['layers'])}" if c["layers"] else "-"
+            print(f"  {name:<20} {c['samples']:>7} {c['tokens']:>8} {layers:>8} {c['bytes'] / 1e6:>8.2f}  {variables}")
+            for d in c["damage"]:
+                damaged = True
+                print(f"    DAMAGE (uncommitted rows, hidden from readers; the next run repairs them): {d}")
+    print("\nno damage found" if not damaged else "\ndamage found: rerun the spec to repair and resume")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Run declarative VLM interpretability experiments (YAML specs) through nnsight "
+        "into a labeled zarr store, and inspect the store.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a spec into its store (resumes an interrupted run)",
+                         description="Run every (model, sample, condition) of SPEC that its store does not hold yet.")
+    run.add_argument("spec", help="path to a YAML experiment spec")
+    run.add_argument("--store", help="store path (overrides the spec's store.path)")
+    run.add_argument("--limit", type=int, help="run only the first N samples")
+    run.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
+    run.add_argument("--data", help="data source override, e.g. builtin")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: the spec's, else auto)")
+    run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--no-table", action="store_true", help="do not print the summary table")
+    run.set_defaults(func=cmd_run)
+
+    validate = sub.add_parser("validate", help="check a spec without running it",
+                              description="Validate SPEC; with --models-check also against each model's config.")
+    validate.add_argument("spec")
+    validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
+    validate.add_argument("--models-check", action="store_true",
+                          help="also compile the plan against each model's config (loads configs, not weights)")
+    validate.set_defaults(func=cmd_validate)
+
+    info = sub.add_parser("info", help="what a store holds", description="Models, conditions, samples, "
+                          "layers and sizes in STORE, and any damage left by an interrupted run.")
+    info.add_argument("store")
+    info.add_argument("--json", action="store_true", help="print as JSON")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .plan import PlanError
+    from .spec import SpecError
+    from .store import StoreError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SpecError, PlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

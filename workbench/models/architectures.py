@@ -1,0 +1,105 @@
+"""One small declarative description per model family, registered by config architecture.
+
+Adding a family is adding one `Architecture(...)` to `ARCHITECTURES`: module paths of the named
+sites, the tokens that frame an image, and the family's quirks. Nothing else in the workbench
+knows a module path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Architecture:
+    family: str                      # "smolvlm" | "qwen3vl" | "llama": picks the processor builder
+    model_class: str                 # transformers class that loads the checkpoint
+    config_architectures: tuple[str, ...]
+    embed: str                       # token embedding module
+    decoder_layers: str              # ModuleList of decoder layers
+    final_norm: str
+    lm_head: str
+    vision: str | None = None        # vision tower
+    # modules whose outputs together form "the projector output as it enters the LLM", in
+    # execution order. "projector.merger" names the main merger alone.
+    projector: tuple[str, ...] = ()
+    projector_merger: str | None = None
+    image_token: str | None = None                       # placeholder scattered with image features
+    boundary_tokens: tuple[str, ...] = ()                # literal framing tokens
+    boundary_patterns: tuple[str, ...] = ()              # regexes for numbered framing tokens
+    text_config: str | None = "text_config"              # sub-config holding the LLM dims
+    quirks: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.vision is not None
+
+    def is_boundary_token(self, token: str) -> bool:
+        return token in self.boundary_tokens or any(re.fullmatch(p, token) for p in self.boundary_patterns)
+
+
+SMOLVLM = Architecture(
+    family="smolvlm",
+    model_class="SmolVLMForConditionalGeneration",
+    config_architectures=("SmolVLMForConditionalGeneration",),
+    embed="model.text_model.embed_tokens",
+    decoder_layers="model.text_model.layers",
+    final_norm="model.text_model.norm",
+    lm_head="lm_head",
+    vision="model.vision_model",
+    # pixel shuffle + MLP; its output is exactly the image features scattered into the LLM input
+    projector=("model.connector",),
+    projector_merger="model.connector",
+    image_token="<image>",
+    boundary_tokens=("<fake_token_around_image>", "<global-img>"),
+    boundary_patterns=(r"<row_\d+_col_\d+>",),
+)
+
+# Idefics3 is SmolVLM's parent class with the same module tree.
+IDEFICS3 = Architecture(
+    **{**SMOLVLM.__dict__, "model_class": "Idefics3ForConditionalGeneration",
+       "config_architectures": ("Idefics3ForConditionalGeneration",)}
+)
+
+QWEN3VL = Architecture(
+    family="qwen3vl",
+    model_class="Qwen3VLForConditionalGeneration",
+    config_architectures=("Qwen3VLForConditionalGeneration",),
+    embed="model.language_model.embed_tokens",
+    decoder_layers="model.language_model.layers",
+    final_norm="model.language_model.norm",
+    lm_head="lm_head",
+    vision="model.visual",
+    # DeepStack mergers run inside the vision tower (after their blocks), the merger last. Their
+    # outputs are ADDED to the residual stream at vision positions after decoder layers 0..k, so a
+    # faithful "projector output" intervention must reach all of them.
+    projector=("model.visual.deepstack_merger_list.*", "model.visual.merger"),
+    projector_merger="model.visual.merger",
+    image_token="<|image_pad|>",
+    boundary_tokens=("<|vision_start|>", "<|vision_end|>"),
+    quirks={"needs_mm_token_type_ids": True, "reset_rope_deltas": True},
+)
+
+LLAMA = Architecture(
+    family="llama",
+    model_class="LlamaForCausalLM",
+    config_architectures=("LlamaForCausalLM",),
+    embed="model.embed_tokens",
+    decoder_layers="model.layers",
+    final_norm="model.norm",
+    lm_head="lm_head",
+    text_config=None,
+)
+
+ARCHITECTURES: tuple[Architecture, ...] = (SMOLVLM, IDEFICS3, QWEN3VL, LLAMA)
+
+
+def architecture_for(config_architectures: list[str] | None) -> Architecture:
+    """The registered description for a config's `architectures` list."""
+    for name in config_architectures or []:
+        for arch in ARCHITECTURES:
+            if name in arch.config_architectures:
+                return arch
+    known = sorted(n for a in ARCHITECTURES for n in a.config_architectures)
+    raise ValueError(f"unsupported architecture {config_architectures}; supported: {', '.join(known)}")

@@ -1,0 +1,211 @@
+"""`WorkbenchModel`: one loaded model, whatever its architecture, behind nnsight.
+
+It loads a checkpoint (HF repo id or local directory, through the same `from_pretrained`), wraps it
+in nnsight's `TransformersModel`, turns (image, question) into model inputs through the model's own
+processor and chat template, labels every position with its modality, and resolves the named
+sites (`embed`, `vision`, `projector`, `layer`, ...) to nnsight envoys.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import transformers
+from PIL import Image
+
+from .architectures import Architecture, architecture_for
+
+ImageMode = Literal["real", "blank", "none"]
+
+
+@dataclass
+class ModelInputs:
+    """Inputs for one forward pass, with the label of every position."""
+
+    encoding: dict[str, torch.Tensor]   # keyword arguments of the model's forward
+    input_ids: np.ndarray               # (seq,) int64
+    modality: np.ndarray                # (seq,) str: vision | boundary | text
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What can be known of a model from its config alone (no weights): enough to validate a plan."""
+
+    model_id: str
+    path: str
+    arch: Architecture
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": self.arch.family,
+            "architecture": self.arch.model_class,
+            "n_layers": self.n_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "path": self.path,
+        }
+
+
+def resolve_model_path(model_id: str) -> str:
+    """A tiny model's name -> its built directory; a local directory -> itself; else a hub id."""
+    from .tiny import TINY_MODELS, tiny_model_dir
+
+    if model_id in TINY_MODELS:
+        return str(tiny_model_dir(model_id))
+    if os.path.isdir(model_id):
+        return model_id
+    return model_id
+
+
+def model_info(model_id: str) -> ModelInfo:
+    path = resolve_model_path(model_id)
+    config = transformers.AutoConfig.from_pretrained(path)
+    arch = architecture_for(getattr(config, "architectures", None))
+    text = getattr(config, arch.text_config) if arch.text_config else config
+    return ModelInfo(
+        model_id=model_id,
+        path=path,
+        arch=arch,
+        n_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+    )
+
+
+def pick_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> torch.dtype:
+    # bf16 matmuls on CPUs without AVX512-BF16/AMX are ~6x slower than fp32: fp32 on CPU.
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+class WorkbenchModel:
+    """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
+
+    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "eager"):
+        from nnsight.modeling.transformers import TransformersModel
+
+        from .tiny import load_processor
+
+        self.info = info
+        self.arch = info.arch
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        model_class = getattr(transformers, self.arch.model_class)
+        hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn)
+        self.hf = hf.to(self.device).eval()
+        self.processor = load_processor(Path(info.path) if os.path.isdir(info.path) else info.path, self.arch.family)
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        task = "image-text-to-text" if self.arch.is_multimodal else "text-generation"
+        extra = {"processor": self.processor} if self.arch.is_multimodal else {}
+        self.lm = TransformersModel(self.hf, tokenizer=self.tokenizer, task=task, **extra)
+        self._boundary_ids = self._find_boundary_ids()
+        self.image_token_id = (
+            self.tokenizer.convert_tokens_to_ids(self.arch.image_token) if self.arch.image_token else None
+        )
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.info.model_id
+
+    @property
+    def n_layers(self) -> int:
+        return self.info.n_layers
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.info.describe(),
+            "revision": getattr(self.hf.config, "_commit_hash", None),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": self.device,
+        }
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def encode(self, image: Image.Image | None, question: str, image_mode: ImageMode = "real") -> ModelInputs:
+        """Model inputs for (image, question) through the chat template.
+
+        image_mode: `real` keeps the image; `blank` replaces it with a white image of the same
+        size (same token sequence); `none` removes it (a text-only prompt, shorter sequence)."""
+        if image is not None and image_mode == "blank":
+            image = Image.new("RGB", image.size, "white")
+        if image_mode == "none" or not self.arch.is_multimodal:
+            image = None
+        content: list[dict[str, Any]] = [{"type": "image"}] if image is not None else []
+        content.append({"type": "text", "text": question})
+        messages = [{"role": "user", "content": content}]
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if image is None:
+            enc = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        else:
+            images = [[image.convert("RGB")]] if self.arch.family == "smolvlm" else [image.convert("RGB")]
+            enc = self.processor(text=[text], images=images, return_tensors="pt")
+        encoding = {k: v.to(self.device) for k, v in enc.items() if isinstance(v, torch.Tensor)}
+        if "pixel_values" in encoding:
+            encoding["pixel_values"] = encoding["pixel_values"].to(self.dtype)
+        encoding.pop("token_type_ids", None)
+        ids = enc["input_ids"][0].cpu().numpy().astype(np.int64)
+        return ModelInputs(encoding=encoding, input_ids=ids, modality=self.token_modality(ids))
+
+    def token_modality(self, input_ids: np.ndarray) -> np.ndarray:
+        """The modality of every position: this is where a token's modality is decided.
+
+        `vision`: image placeholders (they carry the image features); `boundary`: the tokens that
+        frame an image (`<fake_token_around_image>`, `<row_i_col_j>`, `<|vision_start|>`, ...);
+        `text`: everything else, chat-template tokens included."""
+        ids = np.asarray(input_ids)
+        modality = np.full(ids.shape, "text", dtype="<U8")
+        if self._boundary_ids:
+            modality[np.isin(ids, list(self._boundary_ids))] = "boundary"
+        if self.image_token_id is not None:
+            modality[ids == self.image_token_id] = "vision"
+        return modality
+
+    def _find_boundary_ids(self) -> set[int]:
+        if not self.arch.is_multimodal:
+            return set()
+        vocab = self.tokenizer.get_vocab()
+        return {i for tok, i in vocab.items() if tok.startswith("<") and self.arch.is_boundary_token(tok)}
+
+    # -- sites --------------------------------------------------------------------------------------
+    def module(self, path: str) -> list[Any]:
+        """nnsight envoys for a dotted module path; a `*` component expands a ModuleList."""
+        found = [self.lm]
+        for part in path.split("."):
+            if part == "*":
+                found = [child for env in found for child in env]
+            elif part.isdigit():
+                found = [env[int(part)] for env in found]
+            else:
+                found = [getattr(env, part) for env in found]
+        return found
+
+    def decoder_layers(self) -> Any:
+        return self.module(self.arch.decoder_layers)[0]
+
+    def prepare(self) -> None:
+        """Per-run state the family keeps between forwards (Qwen3-VL caches M-RoPE deltas)."""
+        if self.arch.quirks.get("reset_rope_deltas"):
+            self.hf.model.rope_deltas = None
+
+
+def load_model(model_id: str, device: str = "auto", dtype: str = "auto") -> WorkbenchModel:
+    return WorkbenchModel(model_info(model_id), device=device, dtype=dtype)

@@ -1,0 +1,140 @@
+"""The runner: for every model x sample x condition, one trace, written to the store at once.
+
+Order of work: all plans are compiled first (nothing runs if any model cannot do what the spec
+asks); then per model, per sample, per condition. A (model, sample, condition) already committed
+in the store is skipped, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as _md
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .plan import ModelPlan, compile_plan
+from .store import StoreWriter, Variable
+
+_VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
+
+
+@dataclass
+class RunSummary:
+    store: str
+    written: int = 0
+    skipped: int = 0
+    total: int = 0
+    repairs: list[str] = field(default_factory=list)
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = _md.version(name)
+        except _md.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def provenance(spec: Any) -> dict[str, Any]:
+    return {
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "spec_name": spec.name,
+        "spec_hash": spec.spec_hash,
+        "spec": spec.source_text,
+        "models": list(spec.models),
+        "versions": package_versions(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+
+
+def compile_all(spec: Any) -> list[ModelPlan]:
+    from .models.model import model_info
+
+    return [compile_plan(spec, model_info(model_id)) for model_id in spec.models]
+
+
+def sample_variables(inputs: Any, captured: dict[str, np.ndarray], layers: dict[str, np.ndarray]) -> dict[str, Variable]:
+    """The store's variables for one sample: token labels plus every capture."""
+    variables = {
+        "position": Variable(("token",), np.arange(inputs.n_tokens, dtype=np.int64)),
+        "modality": Variable(("token",), inputs.modality.astype(str)),
+        "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
+    }
+    for name, data in captured.items():
+        variables[name] = Variable(("token", "layer", "dim"), data, {"layer": layers[name]})
+    return variables
+
+
+def run_spec(
+    spec: Any,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> RunSummary:
+    """Run every (model, sample, condition) of `spec` not yet in its store."""
+    from .data import load_samples
+    from .models.model import WorkbenchModel
+
+    backend = spec.backend
+    device = device if device != "auto" else getattr(backend, "device", "auto")
+    dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
+    plans = compile_all(spec)
+    samples = load_samples(spec.data)
+    summary = RunSummary(store=str(spec.store.path))
+    with StoreWriter(spec.store.path) as store:
+        summary.repairs = store.repairs
+        for repair in store.repairs:
+            log(f"repaired a torn write left by an interrupted run: {repair}")
+        done = {
+            (p.info.model_id, c.name): set(store.committed_samples(p.info.model_id, c.name))
+            for p in plans for c in p.conditions
+        }
+        todo = [
+            (p, s, c) for p in plans for s in samples for c in p.conditions
+            if s.id not in done[(p.info.model_id, c.name)]
+        ]
+        summary.total = sum(len(samples) * len(p.conditions) for p in plans)
+        summary.skipped = summary.total - len(todo)
+        if summary.skipped:
+            log(f"resuming: {summary.skipped} of {summary.total} (model, sample, condition) results "
+                f"are already in {spec.store.path}; skipping them")
+        if not todo:
+            return summary
+        store.add_provenance(provenance(spec))
+        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
+        model, model_id = None, None
+        for plan, sample, condition in todo:
+            if plan.info.model_id != model_id:
+                del model  # free the previous model before loading the next
+                model_id = plan.info.model_id
+                bar.set_description(f"loading {model_id}")
+                model = WorkbenchModel(plan.info, device=device, dtype=dtype)
+                store.ensure_model(model_id, model.describe())
+            bar.set_description(f"{model_id} | {sample.id} | {condition.name}")
+            inputs = model.encode(sample.image, sample.question, condition.image)
+            captured = _execute(model, inputs, condition, plan)
+            layers = {c.variable: np.asarray(c.layers) for c in plan.captures}
+            store.write_sample(
+                model_id, condition.name, sample.id, sample_variables(inputs, captured, layers),
+                condition_attrs=condition.store_attrs(),
+            )
+            summary.written += 1
+            bar.update(1)
+        bar.close()
+    return summary
+
+
+def _execute(model: Any, inputs: Any, condition: Any, plan: ModelPlan) -> dict[str, np.ndarray]:
+    from .backends.local import run_forward
+
+    return run_forward(model, inputs, condition, plan)

@@ -1,0 +1,407 @@
+"""The activation store: captured tensors on disk as zarr, read back as labeled xarray objects.
+
+Layout (zarr v3, one directory tree):
+
+    <store>/                          root attrs: format version, provenance of every run
+      <model key>/                    one group per model (models differ in depth and width)
+        <condition>/                  one group per condition: one writer, cheap to delete
+          hidden    (token, layer, dim)  float32   the residual stream
+          sample, position, modality, token_id (token)      per-token labels
+          layer     (layer)                                 layer index of each stored slice
+          run_sample (run), run_tokens (run)                the commit record, one row per sample
+
+Every sample is appended as one "long" block of tokens (no padding across samples).
+
+Crash safety. A zarr append touches several arrays and is not atomic across them, but each chunk
+file is written atomically (temp file + rename). So a sample is committed by a protocol:
+token arrays are extended first, then `run_sample`, and LAST `run_tokens` (fill value -1). A row
+of `run_tokens` >= 0 is the commit; the committed token count is the sum of those rows. On open for
+writing, every array is truncated to what was committed (repair); readers never see uncommitted
+rows. One writer per store, enforced by a lock file.
+
+Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 + byte
+shuffle. zarr has no bfloat16; fp16 overflows on massive activations. fp32 holds bf16 values
+exactly and lz4+shuffle compresses bf16-valued fp32 back to ~0.9 of the 16-bit size at ~700 MB/s.
+Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so per-layer reductions stream.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import xarray as xr
+import zarr
+
+STORE_FORMAT = 1
+COMMIT_ARRAYS = ("run_sample", "run_tokens")
+TOKEN_LABELS = ("sample", "position", "modality", "token_id")
+MODALITIES = ("vision", "boundary", "text")
+_CHUNK_BYTES = 2 * 1024 * 1024
+_LOCK_NAME = ".workbench.lock"
+
+# Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes.
+zarr.config.set({"array.write_empty_chunks": True})
+
+
+class StoreError(RuntimeError):
+    """A store cannot be used as asked (busy, inconsistent with the spec, damaged)."""
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the store's writer lock."""
+
+
+@dataclass
+class Variable:
+    """One captured array for one sample. `dims[0]` is "token" (per position) or "run"
+    (one row per sample); `coords` labels the other dims (e.g. {"layer": [0, 1, 2]})."""
+
+    dims: tuple[str, ...]
+    data: np.ndarray
+    coords: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def model_key(model_id: str) -> str:
+    """Group name of a model: HF ids contain '/', which zarr and DataTree reserve."""
+    key = model_id.strip("/").replace("/", "--")
+    return re.sub(r"[^\w.=,+-]", "_", key)
+
+
+def _chunk_rows(row_shape: tuple[int, ...], itemsize: int) -> int:
+    row_bytes = max(1, int(np.prod(row_shape[-1:], dtype=np.int64)) * itemsize)
+    rows = 2 ** int(np.floor(np.log2(max(1, _CHUNK_BYTES // row_bytes))))
+    return int(min(max(rows, 64), 65536))
+
+
+def _chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    # first dim: ~2 MiB worth of rows; middle dims one at a time (a layer per chunk); last whole.
+    middle = (1,) * max(0, len(shape) - 2)
+    last = (shape[-1],) if len(shape) >= 2 else ()
+    return (_chunk_rows(shape, itemsize),) + middle + tuple(max(1, s) for s in last)
+
+
+def _storage_dtype(data: np.ndarray) -> Any:
+    if data.dtype.kind in "US":
+        return str
+    if data.dtype.kind == "f":
+        return np.float32
+    return data.dtype
+
+
+class StoreWriter:
+    """The single writer of a store. Use as a context manager; it holds an exclusive lock."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.path / _LOCK_NAME, "a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.seek(0)
+            holder = self._lock_file.read().strip() or "unknown"
+            self._lock_file.close()
+            raise StoreBusyError(
+                f"store {self.path} is being written by another workbench process ({holder}); "
+                "wait for it to finish or pass another --store"
+            ) from None
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(f"pid {os.getpid()}")
+        self._lock_file.flush()
+        self.root = zarr.open_group(self.path, mode="a", zarr_format=3)
+        if "workbench_format" not in self.root.attrs:
+            self.root.attrs.update({"workbench_format": STORE_FORMAT, "provenance": []})
+        self.repairs: list[str] = self._repair_all()
+
+    # -- context manager -------------------------------------------------------------------
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._lock_file.closed:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+
+    # -- provenance and groups ----------------------------------------------------------------
+    def add_provenance(self, record: dict[str, Any]) -> None:
+        """Append one run's provenance (spec text and hash, versions, time) to the root."""
+        history = list(self.root.attrs.get("provenance", []))
+        history.append(json.loads(json.dumps(record, default=str)))
+        self.root.attrs["provenance"] = history
+
+    def ensure_model(self, model_id: str, attrs: dict[str, Any]) -> zarr.Group:
+        key = model_key(model_id)
+        if key in self.root:
+            group = self.root[key]
+            if group.attrs.get("model_id") != model_id:
+                raise StoreError(
+                    f"store group {key!r} holds model {group.attrs.get('model_id')!r}, not {model_id!r}"
+                )
+            return group
+        group = self.root.create_group(key)
+        group.attrs.update({**attrs, "model_id": model_id})
+        return group
+
+    def _condition_group(self, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
+        model = self.root[model_key(model_id)]
+        if condition in model:
+            return model[condition]
+        group = model.create_group(condition)
+        group.attrs.update({**attrs, "condition": condition})
+        return group
+
+    def committed_samples(self, model_id: str, condition: str) -> list[str]:
+        key = model_key(model_id)
+        if key not in self.root or condition not in self.root[key]:
+            return []
+        return _committed(self.root[key][condition])[0]
+
+    # -- writing ------------------------------------------------------------------------------
+    def write_sample(
+        self,
+        model_id: str,
+        condition: str,
+        sample_id: str,
+        variables: dict[str, Variable],
+        condition_attrs: dict[str, Any] | None = None,
+    ) -> None:
+        """Append one sample's captures to (model, condition) and commit it.
+
+        `variables` must include the token labels position/modality/token_id (dims ("token",)).
+        Token arrays first, then per-run arrays, then the commit record."""
+        group = self._condition_group(model_id, condition, condition_attrs or {})
+        samples, counts = _committed(group)
+        if sample_id in samples:
+            raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
+        n_tokens = _token_count(variables)
+        token_offset, run_offset = int(sum(counts)), len(samples)
+        token_vars = dict(variables)
+        token_vars["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object).astype(str))
+        for name, var in token_vars.items():
+            offset = token_offset if var.dims[0] == "token" else run_offset
+            self._append(group, name, var, offset)
+        self._append(group, "run_sample", Variable(("run",), np.array([sample_id])), run_offset)
+        # the commit: a run_tokens row >= 0 makes the sample visible
+        self._append(group, "run_tokens", Variable(("run",), np.array([n_tokens], dtype=np.int64)), run_offset)
+
+    def _append(self, group: zarr.Group, name: str, var: Variable, offset: int) -> None:
+        data = np.asarray(var.data)
+        if name not in group:
+            self._create(group, name, var)
+        array = group[name]
+        if tuple(array.shape[1:]) != data.shape[1:]:
+            raise StoreError(
+                f"{name}: shape {data.shape[1:]} per {var.dims[0]} does not match the stored "
+                f"{tuple(array.shape[1:])} in {group.path}; write to a new store"
+            )
+        for dim, values in var.coords.items():
+            if dim in group and not np.array_equal(group[dim][:], np.asarray(values)):
+                raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {group.path}")
+        array.resize((offset + data.shape[0],) + tuple(array.shape[1:]))
+        array[offset : offset + data.shape[0]] = data.astype(array.dtype) if data.dtype.kind != "U" else data
+
+    def _create(self, group: zarr.Group, name: str, var: Variable) -> None:
+        data = np.asarray(var.data)
+        dtype = _storage_dtype(data)
+        itemsize = 4 if dtype is str else np.dtype(dtype).itemsize
+        kwargs: dict[str, Any] = {}
+        if np.dtype(dtype if dtype is not str else object).kind == "f":
+            kwargs["compressors"] = zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+        fill = -1 if name == "run_tokens" else None
+        group.create_array(
+            name,
+            shape=(0,) + data.shape[1:],
+            chunks=_chunks((0,) + data.shape[1:], itemsize),
+            dtype=dtype,
+            dimension_names=list(var.dims),
+            fill_value=fill,
+            **kwargs,
+        )
+        for dim, values in var.coords.items():
+            if dim not in group:
+                values = np.asarray(values)
+                coord = group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim])
+                coord[:] = values
+
+    # -- repair -------------------------------------------------------------------------------
+    def _repair_all(self) -> list[str]:
+        repairs = []
+        for model_name, model in self.root.groups():
+            for condition, group in model.groups():
+                message = _truncate_to_committed(group)
+                if message:
+                    repairs.append(f"{model_name}/{condition}: {message}")
+        for partial in self.path.rglob("*.partial"):  # temp files of a killed chunk write
+            partial.unlink(missing_ok=True)
+        return repairs
+
+
+def _token_count(variables: dict[str, Variable]) -> int:
+    lengths = {v.data.shape[0] for v in variables.values() if v.dims[0] == "token"}
+    if len(lengths) != 1:
+        raise StoreError(f"token variables disagree on the number of tokens: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _committed(group: zarr.Group) -> tuple[list[str], list[int]]:
+    """(sample ids, token counts) of the committed rows, in order."""
+    if "run_tokens" not in group or "run_sample" not in group:
+        return [], []
+    counts = np.asarray(group["run_tokens"][:])
+    n = int(np.argmax(counts < 0)) if (counts < 0).any() else len(counts)
+    n = min(n, group["run_sample"].shape[0])
+    return [str(s) for s in group["run_sample"][:n]], [int(c) for c in counts[:n]]
+
+
+def _committed_extent(group: zarr.Group) -> dict[str, int]:
+    samples, counts = _committed(group)
+    return {"token": int(sum(counts)), "run": len(samples)}
+
+
+def _truncate_to_committed(group: zarr.Group) -> str | None:
+    """Cut every array back to the committed rows; return what was cut, or None."""
+    extent = _committed_extent(group)
+    cut = []
+    for name, array in group.arrays():
+        first = (array.metadata.dimension_names or (None,))[0]
+        if first not in extent or array.shape[0] == extent[first]:
+            continue
+        cut.append(f"{name} {array.shape[0]}->{extent[first]}")
+        array.resize((extent[first],) + tuple(array.shape[1:]))
+    return ", ".join(cut) or None
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def _damage(group: zarr.Group) -> list[str]:
+    extent = _committed_extent(group)
+    torn = []
+    for name, array in group.arrays():
+        first = (array.metadata.dimension_names or (None,))[0]
+        if first in extent and array.shape[0] != extent[first]:
+            torn.append(f"{name}: {array.shape[0]} rows stored, {extent[first]} committed")
+    return torn
+
+
+def _open_condition(path: Path, model: str, condition: str, attrs: dict[str, Any]) -> xr.Dataset:
+    group = f"{model}/{condition}"
+    ds = xr.open_zarr(path, group=group, consolidated=False, chunks={}, zarr_format=3)
+    extent = {k: v for k, v in _committed_extent(zarr.open_group(path / group, mode="r")).items() if k in ds.dims}
+    ds = ds.isel({dim: slice(0, n) for dim, n in extent.items()})
+    ds = ds.drop_vars([v for v in COMMIT_ARRAYS if v in ds])
+    n_tokens = ds.sizes.get("token", 0)
+    labels = {"condition": ("token", np.full(n_tokens, condition, dtype=object).astype(str))}
+    for name, value in (attrs.get("sweep") or {}).items():
+        labels[name] = ("token", np.full(n_tokens, float(value)))
+    ds = ds.assign_coords(labels)
+    ds = ds.set_coords([v for v in TOKEN_LABELS if v in ds.data_vars])
+    ds.attrs = {}
+    return ds
+
+
+def _label_index(ds: xr.Dataset, sweep_vars: Iterable[str]) -> xr.Dataset:
+    """Build a MultiIndex on `token` over the labels, so `.sel` takes several of them at once
+    (zarr cannot store a MultiIndex, so it is rebuilt on every open)."""
+    levels = [c for c in ("condition", *sweep_vars, "sample", "position", "modality", "token_id") if c in ds.coords]
+    for level in levels:  # small 1-D labels: load them, the index needs values
+        ds[level] = ds[level].load()
+    return ds.set_index(token=levels)
+
+
+def list_models(path: str | Path) -> list[str]:
+    root = zarr.open_group(Path(path), mode="r", zarr_format=3)
+    return [g.attrs.get("model_id", name) for name, g in sorted(root.groups())]
+
+
+def _open_model(path: Path, root: zarr.Group, key: str) -> xr.Dataset:
+    model_group = root[key]
+    parts, sweep_vars = [], []
+    for condition, group in sorted(model_group.groups()):
+        attrs = dict(group.attrs)
+        for name in attrs.get("sweep") or {}:
+            if name not in sweep_vars:
+                sweep_vars.append(name)
+        parts.append(_open_condition(path, key, condition, attrs))
+    if not parts:
+        return xr.Dataset(attrs=dict(model_group.attrs))
+    # conditions without a sweep variable get NaN there (baseline has no alpha)
+    for i, part in enumerate(parts):
+        missing = {v: ("token", np.full(part.sizes.get("token", 0), np.nan)) for v in sweep_vars if v not in part.coords}
+        parts[i] = part.assign_coords(missing)
+    ds = xr.concat(parts, dim="token", data_vars="minimal", coords="minimal", compat="override", join="outer")
+    ds = _label_index(ds, sweep_vars)
+    ds.attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
+    return ds
+
+
+def open_store(path: str | Path, model: str | None = None) -> xr.DataTree | xr.Dataset:
+    """Open a store for reading.
+
+    Without `model`: an `xarray.DataTree` with one node per model (named by `model_key`, the
+    model id in the node's attrs). With `model` (the id exactly as the spec gives it): that model's
+    Dataset across all its conditions, with `hidden (token, layer, dim)` and the token labels
+    `condition`, sweep values (e.g. `alpha`), `sample`, `position`, `modality`, `token_id`
+    indexed together so `ds.sel(condition="baseline", modality="vision", layer=0)` works.
+    Arrays are lazy (dask): nothing is loaded until used. Rows a crashed writer left uncommitted
+    are never returned."""
+    path = Path(path)
+    if not (path / "zarr.json").exists():
+        raise StoreError(f"no workbench store at {path}")
+    root = zarr.open_group(path, mode="r", zarr_format=3)
+    if model is not None:
+        key = model_key(model)
+        if key not in root:
+            raise StoreError(f"model {model!r} is not in store {path}; it holds: {', '.join(list_models(path))}")
+        return _open_model(path, root, key)
+    children = {key: xr.DataTree(_open_model(path, root, key)) for key, _ in sorted(root.groups())}
+    tree = xr.DataTree(children=children)
+    tree.attrs = {k: (json.dumps(v) if k == "provenance" else v) for k, v in root.attrs.items()}
+    return tree
+
+
+def store_info(path: str | Path) -> dict[str, Any]:
+    """What a store holds: per model and condition, samples, tokens, variables, layers, bytes,
+    and any damage (rows written but not committed by a crashed writer)."""
+    path = Path(path)
+    if not (path / "zarr.json").exists():
+        raise StoreError(f"no workbench store at {path}")
+    root = zarr.open_group(path, mode="r", zarr_format=3)
+    info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", []))}
+    for key, model in sorted(root.groups()):
+        conditions = {}
+        for condition, group in sorted(model.groups()):
+            samples, counts = _committed(group)
+            variables = {
+                name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
+                for name, a in group.arrays()
+                if name not in COMMIT_ARRAYS and name not in TOKEN_LABELS and name not in ("layer",)
+            }
+            conditions[condition] = {
+                "samples": len(samples),
+                "tokens": int(sum(counts)),
+                "variables": variables,
+                "layers": [int(x) for x in group["layer"][:]] if "layer" in group else [],
+                "bytes": _disk_bytes(path / key / condition),
+                "damage": _damage(group),
+                "sweep": dict(group.attrs.get("sweep") or {}),
+            }
+        info["models"][model.attrs.get("model_id", key)] = {"key": key, "conditions": conditions, **{
+            k: v for k, v in model.attrs.items() if k in ("family", "n_layers", "hidden_size", "revision")
+        }}
+    return info
+
+
+def _disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
