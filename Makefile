@@ -1,0 +1,27 @@
+# Two commands do all the set-up on a fresh clone:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean-stores
+
+demo: $(STAMP)
+	$(BIN)/workbench run specs/demo.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+install: $(STAMP)
+
+# torch first and pinned to the CPU wheel: a bare `torch` requirement pulls a multi-GB CUDA build.
+# A torch already in the venv (e.g. a CUDA build on a GPU machine) is kept.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[models,test]"
+	touch $(STAMP)
+
+clean-stores:
+	rm -rf stores/*.zarr stores/*.lock

@@ -1,0 +1,104 @@
+"""The stored residual stream equals an independent computation with plain PyTorch hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from workbench.backends.local import run_forward
+from workbench.capture import ResidualCapture
+from workbench.interventions import Scale
+from workbench.plan import ConditionPlan, ModelPlan
+
+BASELINE = ConditionPlan("baseline", {}, "real", ())
+
+
+def hooked_residuals(hf, layers, final_norm, encoding, edit_projector=None):
+    """Residual stream by the workbench convention, read with forward pre-hooks (no nnsight):
+    the input of each decoder layer, then the input of the final norm."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0][0].detach().clone()))
+             for m in list(layers) + [final_norm]]
+    hooks += edit_projector or []
+    try:
+        with torch.inference_mode():
+            hf(**encoding)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(seen, dim=1).numpy()
+
+
+def _plan(model):
+    return ModelPlan(model.info, [], [ResidualCapture(tuple(range(model.n_layers + 1)))])
+
+
+def _image():
+    img = Image.new("RGB", (96, 64), "navy")
+    img.paste((250, 200, 0), (10, 10, 50, 40))
+    return img
+
+
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl", "tiny-llama"])
+def test_residual_stream_matches_plain_hooks(load_tiny, name):
+    model = load_tiny(name)
+    inputs = model.encode(_image(), "What colour is the square?")
+    stored = run_forward(model, inputs, BASELINE, _plan(model))["hidden"]
+    model.prepare()
+    reference = hooked_residuals(model.hf, model.hf.get_decoder().layers, model.hf.get_decoder().norm, inputs.encoding)
+    assert stored.shape == (inputs.n_tokens, model.n_layers + 1, model.info.hidden_size)
+    np.testing.assert_allclose(stored, reference, atol=1e-5, rtol=0)
+
+
+def test_qwen_layers_include_deepstack_add(load_tiny):
+    """output_hidden_states reports layer k before the DeepStack add; our layer k+1 is after it."""
+    model = load_tiny("tiny-qwen3vl")
+    inputs = model.encode(_image(), "What colour is the square?")
+    stored = run_forward(model, inputs, BASELINE, _plan(model))["hidden"]
+    model.prepare()
+    with torch.inference_mode():
+        hs = model.hf(**inputs.encoding, output_hidden_states=True).hidden_states
+    vision = inputs.modality == "vision"
+    n_deepstack = len(model.hf.config.vision_config.deepstack_visual_indexes)
+    assert 0 < n_deepstack < model.n_layers
+    for layer in range(1, n_deepstack + 1):
+        # text rows agree; vision rows differ by exactly the DeepStack feature that was added
+        np.testing.assert_allclose(stored[~vision, layer], hs[layer][0][torch.from_numpy(~vision)].numpy(), atol=1e-5)
+        assert np.abs(stored[vision, layer] - hs[layer][0][torch.from_numpy(vision)].numpy()).max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl"])
+def test_projector_scale_matches_hooked_scaling(load_tiny, name):
+    """scale(projector, a) equals scaling every projector module's output with plain forward hooks
+    (for Qwen3-VL: the merger and every DeepStack merger)."""
+    model = load_tiny(name)
+    inputs = model.encode(_image(), "Describe the image.")
+    alpha = 0.25
+    condition = ConditionPlan("alpha=0.25", {"alpha": alpha}, "real", (Scale("projector", alpha, "vision"),))
+    stored = run_forward(model, inputs, condition, _plan(model))["hidden"]
+    if model.arch.family == "qwen3vl":
+        modules = [model.hf.model.visual.merger, *model.hf.model.visual.deepstack_merger_list]
+    else:
+        modules = [model.hf.model.connector]
+    hooks = [m.register_forward_hook(lambda m, i, o: o * alpha) for m in modules]
+    model.prepare()
+    reference = hooked_residuals(model.hf, model.hf.get_decoder().layers, model.hf.get_decoder().norm,
+                                 inputs.encoding, edit_projector=hooks)
+    np.testing.assert_allclose(stored, reference, atol=1e-5, rtol=0)
+
+
+def test_qwen_projector_zero_equals_zero_image_features(load_tiny):
+    """alpha = 0 on `projector` leaves no image signal at all: vision rows of layer 0 are zero and
+    no DeepStack feature is added, unlike `projector.merger` alone."""
+    model = load_tiny("tiny-qwen3vl")
+    inputs = model.encode(_image(), "Describe the image.")
+    vision = inputs.modality == "vision"
+    full = run_forward(model, inputs, ConditionPlan("a0", {}, "real", (Scale("projector", 0.0, "vision"),)), _plan(model))["hidden"]
+    merger = run_forward(model, inputs, ConditionPlan("m0", {}, "real", (Scale("projector.merger", 0.0, "vision"),)), _plan(model))["hidden"]
+    assert np.abs(full[vision, 0]).max() == 0
+    assert np.abs(merger[vision, 0]).max() == 0
+    # with every projector output zero, layer 1's vision rows are the decoder's update alone;
+    # merger-only leaves the DeepStack add in place, so they differ
+    assert np.abs(full[vision, 1] - merger[vision, 1]).max() > 1e-4
