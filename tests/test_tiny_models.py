@@ -100,7 +100,8 @@ def _vocab_size(model):
 def test_checkpoint_layout_and_config(dirs, name):
     d = dirs[name]
     files = {p.name for p in d.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= files
+    expected = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert expected <= files
     if name in VLMS:
         assert "preprocessor_config.json" in files
     config = transformers.AutoConfig.from_pretrained(d)
@@ -287,7 +288,8 @@ def test_load_processor_legacy_chat_template_json(dirs, tmp_path):
     processor = load_processor(d, "smolvlm")
     assert processor.chat_template == SMOLVLM_CHAT_TEMPLATE
     assert processor.tokenizer.chat_template is None  # the tokenizer does not read chat_template.json
-    assert processor.apply_chat_template(_image_messages(), add_generation_prompt=True).startswith("<|im_start|>User:<image>")
+    text = processor.apply_chat_template(_image_messages(), add_generation_prompt=True)
+    assert text.startswith("<|im_start|>User:<image>")
 
 
 def test_load_processor_template_in_tokenizer_config(dirs, tmp_path):
@@ -342,10 +344,19 @@ def test_tiny_model_dir_default_root(monkeypatch, tmp_path):
 
 
 def test_tiny_model_dir_concurrent_processes(tmp_path):
-    code = "import sys; from workbench.models.tiny import tiny_model_dir; print(tiny_model_dir('tiny-llama', sys.argv[1]))"
+    code = (
+        "import sys; from workbench.models.tiny import tiny_model_dir; "
+        "print(tiny_model_dir('tiny-llama', sys.argv[1]))"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         for _ in range(2)
     ]
     results = [p.communicate(timeout=120) for p in procs]
@@ -354,3 +365,49 @@ def test_tiny_model_dir_concurrent_processes(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-llama-v1"]
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "tiny-llama-v1")
     assert model.config.architectures == ["LlamaForCausalLM"]
+
+
+_HUB_ID_SCRIPT = """
+import json, sys
+from pathlib import Path
+import transformers
+from workbench.models.tiny import TINY_MODELS, load_processor
+
+cache, commit = Path(sys.argv[1]), "0" * 40
+for name, family in [("tiny-smolvlm", "smolvlm"), ("tiny-qwen3vl", "qwen3vl")]:
+    repo = cache / f"models--tiny--{name}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    TINY_MODELS[name](snapshot, 0)
+    # the layout of the real checkpoints: the processor's template in a legacy chat_template.json
+    template = (snapshot / "chat_template.jinja").read_text()
+    (snapshot / "chat_template.jinja").unlink()
+    (snapshot / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    processor = load_processor(f"tiny/{name}", family)
+    assert processor.chat_template == template, name
+    config = transformers.AutoConfig.from_pretrained(f"tiny/{name}")
+    getattr(transformers, config.architectures[0]).from_pretrained(f"tiny/{name}")
+    print(name, type(processor).__name__)
+"""
+
+
+def test_load_by_hub_id_from_offline_cache(tmp_path):
+    """How a real checkpoint loads on a machine with a populated HF cache: by hub id, offline."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(tmp_path),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _HUB_ID_SCRIPT, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [
+        "tiny-smolvlm",
+        "ImageOnlySmolVLMProcessor",
+        "tiny-qwen3vl",
+        "ImageOnlyQwen3VLProcessor",
+    ]

@@ -143,9 +143,7 @@ def _byte_level_tokenizer(special_tokens: list[str], *, chat_template: str, add_
             single=f"{add_bos} $A", pair=f"{add_bos} $A {add_bos} $B", special_tokens=[(add_bos, bos_id)]
         )
     assert tok.get_vocab_size() <= _VOCAB_SIZE
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, chat_template=chat_template, model_max_length=8192, **roles
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=chat_template, model_max_length=8192, **roles)
 
 
 def _save(model, tokenizer, out_dir: Path, image_processor=None, extra_json: dict | None = None) -> None:
@@ -337,7 +335,8 @@ def build_tiny_qwen3vl(out_dir: Path, seed: int) -> None:
     model.generation_config.bos_token_id = eot
     model.generation_config.eos_token_id = [eos, eot]
     model.generation_config.pad_token_id = eot
-    _save(model, tokenizer, out_dir, image_processor, {"processor_config.json": {"processor_class": "Qwen3VLProcessor"}})
+    processor_config = {"processor_class": "Qwen3VLProcessor"}
+    _save(model, tokenizer, out_dir, image_processor, {"processor_config.json": processor_config})
 
 
 def build_tiny_llama(out_dir: Path, seed: int) -> None:
@@ -445,7 +444,9 @@ def _image_only_classes():
         def __init__(self, image_processor, tokenizer, image_seq_len: int = 169, chat_template=None, **kwargs):
             # ProcessorMixin.__init__ zips the positional sub-processors with get_attributes(), so the
             # trailing video_processor=None is dropped.
-            super().__init__(image_processor, tokenizer, None, image_seq_len=image_seq_len, chat_template=chat_template, **kwargs)
+            super().__init__(
+                image_processor, tokenizer, None, image_seq_len=image_seq_len, chat_template=chat_template, **kwargs
+            )
 
         def apply_chat_template(self, conversation, chat_template=None, **kwargs):
             # SmolVLMProcessor.apply_chat_template reads self.video_processor.num_frames/fps even for
@@ -475,15 +476,16 @@ def _processor_classes():
     return _CLASSES
 
 
-def _smolvlm_image_seq_len(model_dir: Path, processor_dict: dict) -> int:
+def _smolvlm_image_seq_len(model_dir: str, processor_dict: dict) -> int:
     """image_seq_len from processor_config.json, checked against the model config."""
-    expected = None
-    config_file = model_dir / "config.json"
-    if config_file.is_file():
-        cfg = json.loads(config_file.read_text())
-        vision = cfg.get("vision_config", {})
-        if "image_size" in vision and "patch_size" in vision:
-            expected = (vision["image_size"] // vision["patch_size"]) ** 2 // cfg.get("scale_factor", 2) ** 2
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+        vision = cfg.vision_config
+        expected = (vision.image_size // vision.patch_size) ** 2 // cfg.scale_factor**2
+    except (OSError, AttributeError):
+        expected = None
     saved = processor_dict.get("image_seq_len")
     if saved is not None and expected is not None and saved != expected:
         raise ValueError(f"{model_dir}: processor image_seq_len {saved} != {expected} from config.json")
@@ -492,8 +494,8 @@ def _smolvlm_image_seq_len(model_dir: Path, processor_dict: dict) -> int:
     return saved if saved is not None else expected
 
 
-def load_processor(model_dir: Path, family: str):
-    """Image-only processor for a saved checkpoint directory (real or tiny).
+def load_processor(model_dir: Path | str, family: str):
+    """Image-only processor for a saved checkpoint directory (real or tiny), or a hub id.
 
     family "smolvlm" / "qwen3vl": AutoTokenizer + SmolVLMImageProcessorPil / Qwen2VLImageProcessorPil
     loaded from `model_dir`, combined into a SmolVLMProcessor / Qwen3VLProcessor subclass whose only
@@ -511,24 +513,22 @@ def load_processor(model_dir: Path, family: str):
         SmolVLMProcessor,
     )
 
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"not a checkpoint directory: {model_dir}")
+    if family not in ("smolvlm", "qwen3vl", "llama"):
+        raise ValueError(f"unknown family {family!r}; expected 'smolvlm', 'qwen3vl' or 'llama'")
+    # A local directory or a hub id (resolved from the HF cache when offline); every loader below
+    # accepts both.
+    model_dir = str(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise TypeError(f"{model_dir}: expected a tokenizer, got {type(tokenizer).__name__}")
     if family == "llama":
-        if tokenizer.chat_template is None:
-            raise ValueError(f"{model_dir}: tokenizer has no chat template")
-        return tokenizer
+        return tokenizer  # its chat template: chat_template.jinja or tokenizer_config.json
 
     smol_cls, qwen_cls = _processor_classes()
     if family == "smolvlm":
         base, image_cls, cls = SmolVLMProcessor, SmolVLMImageProcessorPil, smol_cls
-    elif family == "qwen3vl":
-        base, image_cls, cls = Qwen3VLProcessor, Qwen2VLImageProcessorPil, qwen_cls
     else:
-        raise ValueError(f"unknown family {family!r}; expected 'smolvlm', 'qwen3vl' or 'llama'")
+        base, image_cls, cls = Qwen3VLProcessor, Qwen2VLImageProcessorPil, qwen_cls
 
     image_processor = image_cls.from_pretrained(model_dir)
     if type(image_processor) is not image_cls:
