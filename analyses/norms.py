@@ -48,6 +48,18 @@ def norm_ratio(ds: xr.Dataset, layer: int = 0) -> pd.Series:
     return ratio.rename("vision/text norm ratio")
 
 
+def condition_sort_key(name: str) -> tuple:
+    """Baseline first, then conditions by name with swept values in numeric order."""
+    parts = []
+    for part in name.split(","):
+        key, _, value = part.partition("=")
+        try:
+            parts.append((key, float(value)))
+        except ValueError:
+            parts.append((part, float("-inf")))
+    return (name != "baseline", parts)
+
+
 def norm_table(store: str | Path, layer: int = 0) -> str:
     """Markdown: model | condition | vision/text norm ratio at `layer` (n samples)."""
     from workbench.store import list_models, open_store
@@ -57,7 +69,9 @@ def norm_table(store: str | Path, layer: int = 0) -> str:
         ds = open_store(store, model=model)
         if "hidden" not in ds:
             continue
-        for condition, value in norm_ratio(ds, layer).items():
+        ratios = norm_ratio(ds, layer)
+        for condition in sorted(ratios.index, key=condition_sort_key):
+            value = ratios[condition]
             rows.append(f"| {model} | {condition} | {value:.3f} |")
     return "\n".join(rows)
 

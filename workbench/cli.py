@@ -120,12 +120,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bar is the one to watch: silence per-file load bars and info logs."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:  # the analysis-only install has no transformers
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .plan import PlanError
     from .spec import SpecError
     from .store import StoreError
 
     args = build_parser().parse_args(argv)
+    _quiet_libraries()
     try:
         return args.func(args)
     except (SpecError, PlanError) as err:

@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -44,10 +45,27 @@ COMMIT_ARRAYS = ("run_sample", "run_tokens")
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 MODALITIES = ("vision", "boundary", "text")
 _CHUNK_BYTES = 2 * 1024 * 1024
-_LOCK_NAME = ".workbench.lock"
 
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes.
 zarr.config.set({"array.write_empty_chunks": True})
+
+
+def fault_point(name: str) -> None:
+    """Fault drills: `WORKBENCH_KILL_AT=<name>:<n>` kills this process with SIGKILL the n-th time
+    it reaches point `name`, so tests can interrupt a run at an exact place (mid-write, between
+    samples, mid-trace). Unset, it costs one dictionary lookup."""
+    target = os.environ.get("WORKBENCH_KILL_AT")
+    if not target:
+        return
+    point, _, count = target.rpartition(":")
+    if point != name:
+        return
+    _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
+    if _FAULT_HITS[name] >= int(count):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_FAULT_HITS: dict[str, int] = {}
 
 
 class StoreError(RuntimeError):
@@ -66,6 +84,10 @@ class Variable:
     dims: tuple[str, ...]
     data: np.ndarray
     coords: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def lock_path(store: Path) -> Path:
+    return store.with_name(store.name + ".lock")
 
 
 def model_key(model_id: str) -> str:
@@ -101,7 +123,8 @@ class StoreWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.path / _LOCK_NAME, "a+")
+        # the lock lives beside the store: zarr warns about foreign files inside a hierarchy
+        self._lock_file = open(lock_path(self.path), "a+")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -191,9 +214,11 @@ class StoreWriter:
         for name, var in token_vars.items():
             offset = token_offset if var.dims[0] == "token" else run_offset
             self._append(group, name, var, offset)
+        fault_point("store.before_commit")
         self._append(group, "run_sample", Variable(("run",), np.array([sample_id])), run_offset)
         # the commit: a run_tokens row >= 0 makes the sample visible
         self._append(group, "run_tokens", Variable(("run",), np.array([n_tokens], dtype=np.int64)), run_offset)
+        fault_point("store.after_commit")
 
     def _append(self, group: zarr.Group, name: str, var: Variable, offset: int) -> None:
         data = np.asarray(var.data)

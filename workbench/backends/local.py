@@ -12,6 +12,7 @@ import nnsight
 import numpy as np
 import torch
 
+from ..store import fault_point
 from ..plan import ConditionPlan, ModelPlan
 
 
@@ -29,6 +30,7 @@ def run_forward(model: Any, inputs: Any, condition: ConditionPlan, plan: ModelPl
     with torch.inference_mode():
         with model.lm.trace(**inputs.encoding):
             saved = nnsight.save({})
+            fault_point("trace")
             for _, role, item, layer in ops:
                 if role == "intervene":
                     item.apply(model, inputs, layer)

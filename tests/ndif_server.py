@@ -1,0 +1,552 @@
+"""A loopback NDIF server for tests: speaks nnsight 0.8.1's remote wire protocol on 127.0.0.1.
+
+The unmodified 0.8.1 client (``model.trace(..., remote=server.url)``, ``blocking=False`` + poll,
+``model.session(remote=...)``, ``AsyncRemoteBackend``, ``nnsight.status()``) talks to it exactly as
+it talks to the real NDIF. Each request is executed with nnsight's own server-side pieces, as its
+``remote="local"`` backend does: ``model._remoteable_persistent_objects()``,
+``model._remoteable_set_env(env)``, ``RequestModel.deserialize(...)``, ``tracer.execute(...)``; the
+saved values are those the trace marked with ``save`` (nnsight's own save set), ``torch.save``-d and
+zstd-compressed when the request says ``compress``. Nothing of the trace is reimplemented here.
+
+Wire protocol (nnsight 0.8.1, ``nnsight/intervention/backends/remote.py``):
+
+* ``GET /subscribe`` (websocket, blocking mode): first text frame ``{"session_id": ...}``, then one
+  frame per status update: JSON ``ResponseModel`` (text) or ``ResponseModel.pickle()`` (binary, used
+  for a COMPLETED whose ``data`` is the result bytes themselves).
+* ``POST /request`` (multipart): form field ``data`` = ``RequestModel.metadata()`` JSON
+  ``{model_key, session_id, compress, env}``, file ``blob`` = ``RequestModel.serialize(...)``;
+  headers ``ndif-api-key``, ``nnsight-version``, ``python-version``, ``ndif-timestamp``. Answers
+  the RECEIVED ``ResponseModel`` as JSON; an HTTP error answers FastAPI-style ``{"detail": ...}``
+  (the client surfaces ``detail`` in its ``RemoteError``).
+* ``GET /response/{id}`` (non-blocking polling): latest status JSON, 404 while none is recorded.
+* ``GET /result/{id}``: the result blob a COMPLETED status points at (``data`` = that URL).
+* ``GET /status`` (``nnsight.status()`` / ``is_model_running``), ``GET /whoami``, ``GET /env``
+  (``nnsight.compare()``), ``GET /ping``.
+
+Status sequence of a job: RECEIVED (HTTP answer) -> QUEUED -> RUNNING -> LOG* (what the trace
+printed) -> COMPLETED | ERROR.
+
+Fault injection (plain attributes the tests set; counters decrement as they fire):
+``fail_next_requests`` (POST /request answers 503), ``drop_next_jobs`` (blocking: the websocket is
+cut after RUNNING, before COMPLETED; non-blocking: the job is forgotten, so polls answer 404 for
+good), ``fail_next_polls`` (GET /response answers 503), ``reject_key`` (401 as the real NDIF does for
+a bad key), ``served`` (keys reported by /status; any other key gets the real NDIF's "not a
+scheduled model" ERROR after RECEIVED).
+
+Import this module before nnsight where possible: it imports ``anyio._backends._asyncio`` first,
+which nnsight's ``AsyncRemoteBackend`` needs to have loaded before nnsight.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the route annotations (Request,
+# WebSocket) as real classes, and they are imported inside `_asgi_app`.
+import anyio._backends._asyncio  # noqa: F401  (must load before nnsight; see module docstring)
+
+import asyncio
+import concurrent.futures
+import io
+import json
+import linecache
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from typing import Any, Optional
+
+__all__ = ["LoopbackNDIF", "local_model_key", "NOT_SERVED_MESSAGE", "BAD_KEY_MESSAGE", "UNAVAILABLE_MESSAGE"]
+
+# The real NDIF's wording (ndif-team/ndif: api dependencies.py / queue coordinator.py).
+BAD_KEY_MESSAGE = "Missing or invalid API key. Please visit https://login.ndif.us/ to create a new one."
+UNAVAILABLE_MESSAGE = (
+    "Service temporarily unavailable: compute backend is reconnecting. Please try again in a few minutes."
+)
+NOT_SERVED_MESSAGE = (
+    "Model {model_key} is not a scheduled model and hotswapping is not supported for this API key. "
+    "See https://nnsight.net/status/ for a list of scheduled models."
+)
+
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def local_model_key(model: Any) -> str:
+    """The key the 0.8.1 client computes for ``model``, without asking the Hub.
+
+    ``HuggingFaceModel._remoteable_model_key`` canonicalizes ``repo_id`` through
+    ``HfApi().model_info``; for a local checkpoint directory (or a module whose
+    ``config._name_or_path`` is one) seeding nnsight's ``_ID_CACHE`` with the path itself skips
+    that lookup, so the key is ``'<import path>:{"repo_id": <path>, "revision": ..., "task": ...}'``.
+    """
+    import os
+
+    from nnsight.modeling import huggingface
+
+    repo_id = getattr(model, "repo_id", None)
+    if isinstance(repo_id, str) and os.path.isdir(repo_id):
+        huggingface._ID_CACHE.setdefault(repo_id, repo_id)
+    return model.to_model_key()
+
+
+class _JobError(Exception):
+    """A request failed on the server; ``description`` is what the ERROR status carries."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+class _Job:
+    __slots__ = ("id", "model_key", "session_id", "compress", "env", "blob")
+
+    def __init__(self, id: str, model_key: str, session_id: str, compress: bool, env: dict, blob: bytes):
+        self.id = id
+        self.model_key = model_key
+        self.session_id = session_id
+        self.compress = compress
+        self.env = env
+        self.blob = blob
+
+
+class _ThreadStdout:
+    """sys.stdout stand-in that captures writes from one thread and forwards every other thread's.
+
+    The client's status display writes to stdout from its own thread while a job runs here, so
+    a plain ``redirect_stdout`` would capture the client's spinner as the job's LOG output.
+    """
+
+    def __init__(self, target: Any, thread_id: int) -> None:
+        self._target = target
+        self._thread_id = thread_id
+        self.buffer = io.StringIO()
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self._thread_id:
+            return self.buffer.write(text)
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        if threading.get_ident() != self._thread_id:
+            self._target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class LoopbackNDIF:
+    """An in-process NDIF stand-in on 127.0.0.1 for the unmodified nnsight 0.8.1 client.
+
+    Args:
+        models: model key (as the client computes it: see `local_model_key`) -> a dispatched
+            nnsight model that executes the requests for that key (e.g.
+            ``Remotable.from_model_key(key, dispatch=True)``, which is how NDIF builds it).
+        api_key: the one key accepted (header ``ndif-api-key``).
+        host: must be a loopback name; the server binds 127.0.0.1 only.
+        port: 0 picks a free port.
+        inline_results: blocking jobs get their result inside the COMPLETED websocket frame (a
+            binary ``ResponseModel.pickle()``) instead of a URL to download. Polled jobs always
+            get a URL (a JSON status cannot carry bytes).
+    """
+
+    def __init__(
+        self,
+        models: dict[str, Any],
+        api_key: str = "test-key",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        inline_results: bool = False,
+        start_timeout_s: float = 20.0,
+        stop_timeout_s: float = 20.0,
+    ) -> None:
+        if host not in _LOOPBACK_HOSTS:
+            raise ValueError(f"LoopbackNDIF binds 127.0.0.1 only, not {host!r}")
+        self.models: dict[str, Any] = dict(models)
+        self.api_key = api_key
+        self.host = "127.0.0.1"
+        self.port = port
+        self.inline_results = inline_results
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+
+        # Fault injection.
+        self.fail_next_requests: int = 0
+        self.drop_next_jobs: int = 0
+        self.fail_next_polls: int = 0
+        self.reject_key: bool = False
+        # How drop_next_jobs cuts a blocking job's websocket: "abort" (TCP connection dropped, no
+        # close frame: a crashed server or proxy) or "close" (a close frame, code 1011).
+        self.drop_mode: str = "abort"
+        self.served: set[str] = set(self.models)
+
+        # Observations for assertions.
+        self.requests_seen: list[dict] = []
+        self.status_log: list[tuple[str, str]] = []  # (job id, status) in emission order
+        self.dropped_jobs: list[str] = []
+
+        self.url: str = ""
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._sessions: dict[str, asyncio.Queue] = {}
+        self._responses: dict[str, Any] = {}  # job id -> latest ResponseModel (for polling)
+        self._results: dict[str, bytes] = {}  # job id -> result blob
+        self._tasks: set = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "LoopbackNDIF":
+        import uvicorn
+
+        if self._thread is not None:
+            raise RuntimeError("LoopbackNDIF already started")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+
+        # One thread runs every request, one at a time, as an NDIF model actor does.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopback-ndif-exec")
+        config = uvicorn.Config(
+            self._asgi_app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws="websockets-sansio",
+            ws_ping_interval=None,
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="loopback-ndif", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("LoopbackNDIF failed to start (see stderr)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"LoopbackNDIF did not start within {self.start_timeout_s}s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(self.stop_timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(5)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._thread = None
+        self._executor = None
+        self._sessions.clear()
+        self._tasks.clear()
+
+    def __enter__(self) -> "LoopbackNDIF":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _take(self, counter: str) -> bool:
+        """Consume one unit of a fault counter; True when it fired."""
+        with self._lock:
+            value = getattr(self, counter)
+            if value > 0:
+                setattr(self, counter, value - 1)
+                return True
+            return False
+
+    def deployments(self) -> dict:
+        """The /status body: one HOT, RUNNING deployment per served key, as NDIF reports it."""
+        out = {}
+        for key in sorted(self.served):
+            suffix = key.split(":", 1)[1] if ":" in key else "{}"
+            try:
+                info = json.loads(suffix)
+            except ValueError:
+                info = {}
+            out[key] = {
+                "model_key": key,
+                "repo_id": info.get("repo_id", key),
+                "revision": info.get("revision") or "main",
+                "task": info.get("task"),
+                "trust_remote_code": bool(info.get("trust_remote_code")),
+                "deployment_level": "HOT",
+                "application_state": "RUNNING",
+                "dedicated": True,
+            }
+        return {"deployments": out}
+
+    # -- the app -----------------------------------------------------------------------------
+
+    def _asgi_app(self) -> Any:
+        from fastapi import FastAPI, Request, WebSocket
+        from fastapi.responses import JSONResponse, Response
+        from nnsight.schema.request import RequestModel
+        from nnsight.schema.response import ResponseModel, Status
+
+        app = FastAPI(title="loopback-ndif")
+        server = self
+
+        @app.get("/ping")
+        async def ping() -> str:
+            return "pong"
+
+        @app.get("/status")
+        async def status() -> dict:
+            return server.deployments()
+
+        @app.get("/whoami")
+        async def whoami(request: Request) -> dict:
+            ok = not server.reject_key and request.headers.get("ndif-api-key") == server.api_key
+            return {"email": "tests@loopback.invalid" if ok else None, "tags": []}
+
+        @app.get("/env")
+        async def env() -> dict:
+            from nnsight.ndif import get_local_env
+
+            local = get_local_env()
+            packages = {k: v for k, v in local["packages"].items() if v != "local"}
+            return {"python_version": local["python_version"], "packages": packages}
+
+        @app.websocket("/subscribe")
+        async def subscribe(websocket: WebSocket) -> None:
+            await websocket.accept()
+            session_id = uuid.uuid4().hex
+            queue: asyncio.Queue = asyncio.Queue()
+            server._sessions[session_id] = queue
+            receiver = asyncio.ensure_future(websocket.receive())
+            try:
+                await websocket.send_text(json.dumps({"session_id": session_id}))
+                # Bounded: ends when the client disconnects, when a job drops the connection,
+                # or when uvicorn closes the socket on shutdown (which disconnects `receiver`).
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    done, _ = await asyncio.wait({getter, receiver}, return_when=asyncio.FIRST_COMPLETED)
+                    if receiver in done:
+                        getter.cancel()
+                        if receiver.result().get("type") == "websocket.disconnect":
+                            return
+                        receiver = asyncio.ensure_future(websocket.receive())  # ignore client frames
+                        continue
+                    kind, payload = getter.result()
+                    if kind == "text":
+                        await websocket.send_text(payload)
+                    elif kind == "bytes":
+                        await websocket.send_bytes(payload)
+                    elif kind == "drop":
+                        if server.drop_mode == "close":
+                            await websocket.close(code=1011, reason="loopback: job dropped")
+                        else:
+                            _abort(websocket)
+                        return
+            except Exception:  # the client went away mid-send
+                return
+            finally:
+                receiver.cancel()
+                server._sessions.pop(session_id, None)
+
+        @app.post("/request")
+        async def submit(request: Request) -> Response:
+            form = await request.form()
+            metadata = json.loads(form["data"])
+            blob = await form["blob"].read()
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            api_key = headers.pop("ndif-api-key", None)
+            server.requests_seen.append(
+                {
+                    "model_key": metadata.get("model_key"),
+                    "session_id": metadata.get("session_id"),
+                    "compress": metadata.get("compress"),
+                    "env": metadata.get("env"),
+                    "metadata_fields": sorted(metadata),
+                    "form_fields": sorted(form.keys()),
+                    "blob_bytes": len(blob),
+                    "api_key_sent": api_key is not None,
+                    "headers": {
+                        k: v
+                        for k, v in headers.items()
+                        if k in ("nnsight-version", "python-version", "ndif-timestamp", "user-agent")
+                    },
+                }
+            )
+            if server._take("fail_next_requests"):
+                return JSONResponse(status_code=503, content={"detail": UNAVAILABLE_MESSAGE})
+            if server.reject_key or api_key != server.api_key:
+                return JSONResponse(status_code=401, content={"detail": BAD_KEY_MESSAGE})
+            if not headers.get("nnsight-version") or not headers.get("python-version"):
+                return JSONResponse(
+                    status_code=400,
+                    content={"detail": "Client nnsight/python version was not provided to the NDIF server."},
+                )
+            envelope = RequestModel.model_validate(metadata)  # the client's own envelope schema
+            job = _Job(
+                uuid.uuid4().hex,
+                envelope.model_key,
+                envelope.session_id,
+                envelope.compress,
+                dict(envelope.env),
+                blob,
+            )
+            received = ResponseModel(
+                id=job.id,
+                status=Status.RECEIVED,
+                description="Your job has been received and is waiting to be queued.",
+            )
+            server._record(job, received)
+            task = asyncio.ensure_future(server._run(job))
+            server._tasks.add(task)
+            task.add_done_callback(server._tasks.discard)
+            return Response(content=received.model_dump_json(), media_type="application/json")
+
+        @app.get("/response/{job_id}")
+        async def response(job_id: str) -> Response:
+            if server._take("fail_next_polls"):
+                return JSONResponse(status_code=503, content={"detail": UNAVAILABLE_MESSAGE})
+            latest = server._responses.get(job_id)
+            if latest is None:
+                return JSONResponse(status_code=404, content={"detail": f"No response for {job_id}"})
+            return Response(content=latest.model_dump_json(), media_type="application/json")
+
+        @app.get("/result/{job_id}")
+        async def result(job_id: str) -> Response:
+            blob = server._results.get(job_id)
+            if blob is None:
+                return JSONResponse(status_code=404, content={"detail": f"No result for {job_id}"})
+            return Response(content=blob, media_type="application/octet-stream")
+
+        async def outer(scope: dict, receive: Any, send: Any) -> None:
+            # Keep the transport-level `send` reachable so a job can cut its websocket abruptly
+            # (FastAPI wraps `send`, hiding the protocol object behind it).
+            if scope["type"] == "websocket":
+                scope["loopback.raw_send"] = send
+            await app(scope, receive, send)
+
+        return outer
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def _record(self, job: _Job, response: Any) -> None:
+        self._responses[job.id] = response
+        self.status_log.append((job.id, response.status.value))
+
+    def _emit(self, job: _Job, response: Any, inline_data: Optional[bytes] = None) -> None:
+        """Record `response` for polling and push it down the job's websocket, if any."""
+        self._record(job, response)
+        queue = self._sessions.get(job.session_id) if job.session_id else None
+        if queue is None:
+            return
+        if inline_data is not None:
+            queue.put_nowait(("bytes", response.model_copy(update={"data": inline_data}).pickle()))
+        else:
+            queue.put_nowait(("text", response.model_dump_json()))
+
+    async def _run(self, job: _Job) -> None:
+        from nnsight.schema.response import ResponseModel, Status
+
+        def status(state: Status, description: str, **extra: Any) -> ResponseModel:
+            return ResponseModel(id=job.id, status=state, description=description, **extra)
+
+        if job.model_key not in self.served or job.model_key not in self.models:
+            self._emit(job, status(Status.ERROR, NOT_SERVED_MESSAGE.format(model_key=job.model_key)))
+            return
+        self._emit(job, status(Status.QUEUED, "Your job has been queued."))
+        self._emit(job, status(Status.RUNNING, "Your job has started running."))
+
+        if self._take("drop_next_jobs"):
+            self.dropped_jobs.append(job.id)
+            if job.session_id and job.session_id in self._sessions:
+                self._sessions[job.session_id].put_nowait(("drop", None))
+            else:
+                self._responses.pop(job.id, None)  # a lost job: polls answer 404 from now on
+            return
+
+        model = self.models[job.model_key]
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            blob, printed = await loop.run_in_executor(self._executor, self._execute, model, job)
+        except _JobError as error:
+            meta = {"loopback": True, "run_s": time.perf_counter() - started}
+            self._emit(job, status(Status.ERROR, error.description, meta=meta))
+            return
+        meta = {"loopback": True, "run_s": time.perf_counter() - started, "result_bytes": len(blob)}
+        for line in printed.splitlines():
+            self._emit(job, status(Status.LOG, line))
+        self._results[job.id] = blob
+        completed = status(Status.COMPLETED, "Your job has been completed.", data=f"{self.url}/result/{job.id}", meta=meta)
+        inline = blob if (self.inline_results and job.session_id) else None
+        self._emit(job, completed, inline_data=inline)
+
+    @staticmethod
+    def _execute(model: Any, job: _Job) -> tuple[bytes, str]:
+        """Run one request with nnsight's own server-side pieces (the `remote="local"` path).
+
+        Runs on the executor thread, so nnsight's per-thread save set and trace depth are this
+        job's alone. Returns the result blob (``torch.save`` of the saved values, zstd-compressed
+        when the request was) and what the trace printed.
+        """
+        import torch
+        from nnsight.schema.request import RequestModel
+        from nnsight.tracing.tracer import _saves, dec, inc
+
+        # deserialize() registers the block's source in linecache under the client's filename;
+        # in-process that would shadow the client's real file for its next trace: restore it.
+        lines_before = dict(linecache.cache)
+        capture = _ThreadStdout(sys.stdout, threading.get_ident())
+        sys.stdout = capture
+        tracer = None
+        try:
+            persistent = model._remoteable_persistent_objects()
+            model._remoteable_set_env(job.env)
+            tracer = RequestModel.deserialize(job.blob, persistent, compress=job.compress)
+            inc()  # depth 1: this is the outermost trace, so only save()-marked values come back
+            try:
+                tracer.execute(tracer.info.code)
+                marked = _saves()
+                saves = {k: v for k, v in tracer.info.frame.f_locals.items() if id(v) in marked}
+            finally:
+                dec()
+        except Exception as exception:
+            tb = exception.__traceback__
+            if tracer is not None and hasattr(tracer, "traceback"):
+                try:
+                    tb = tracer.traceback(exception)
+                except Exception:
+                    pass
+            description = "".join(traceback.format_exception(type(exception), exception, tb))
+            raise _JobError(description) from None
+        finally:
+            if sys.stdout is capture:
+                sys.stdout = capture._target
+            linecache.cache.clear()
+            linecache.cache.update(lines_before)
+            tracer = None
+
+        buffer = io.BytesIO()
+        torch.save(saves, buffer)
+        blob = buffer.getvalue()
+        if job.compress:
+            import zstandard as zstd
+
+            blob = zstd.ZstdCompressor(level=6).compress(blob)
+        return blob, capture.buffer.getvalue()
+
+
+def _abort(websocket: Any) -> None:
+    """Cut the websocket's TCP connection without a close frame, as a crashed server would."""
+    send = websocket.scope.get("loopback.raw_send")
+    protocol = getattr(send, "__self__", None)
+    transport = getattr(protocol, "transport", None)
+    if transport is None:
+        raise RuntimeError("cannot reach the websocket transport to drop the connection")
+    transport.abort()

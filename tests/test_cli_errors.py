@@ -1,0 +1,50 @@
+"""Bad input through the CLI: a located error on stderr, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.cli import main
+
+from test_spec import BAD_SPECS
+
+
+@pytest.mark.parametrize("case", list(BAD_SPECS), ids=list(BAD_SPECS))
+def test_bad_spec_exits_2_and_writes_nothing(tmp_path, capsys, case, monkeypatch):
+    text, field, line, phrase = BAD_SPECS[case]
+    monkeypatch.chdir(tmp_path)  # the spec's relative store path would land here
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(text)
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:{line}: {field}: " in err if field != "(document)" else f"{spec}:{line}:" in err
+    assert phrase in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_spec_a_model_cannot_run_exits_2_before_writing(tmp_path, capsys):
+    spec = tmp_path / "llama.yaml"
+    store = tmp_path / "store.zarr"
+    spec.write_text(f"""\
+name: text-only
+models: [tiny-llama]
+conditions:
+  alpha:
+    interventions: [{{kind: scale, site: projector, factor: 0.5, positions: vision}}]
+capture: [{{site: layer, layers: [0, 99]}}]
+store: {{path: {store}}}
+""")
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "llama.yaml:5: conditions.alpha.interventions[0].site: tiny-llama: a text-only model has no site 'projector'" in err
+    assert "llama.yaml:6: capture[0].layers: tiny-llama: layers [99] out of range (2 decoder layers); expected 0..2" in err
+    assert not store.exists()
+
+
+def test_bad_cli_override_exits_2(tmp_path, capsys):
+    spec = tmp_path / "ok.yaml"
+    spec.write_text(f"name: ok\nmodels: [tiny-llama]\nconditions: {{baseline: {{}}}}\n"
+                    f"capture: [{{site: layer}}]\nstore: {{path: {tmp_path / 's.zarr'}}}\n")
+    assert main(["run", str(spec), "--models", "tiny-llama,nope", "--no-progress"]) == 2
+    assert "--models[1]: unknown model 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "s.zarr").exists()

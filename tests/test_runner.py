@@ -1,0 +1,147 @@
+"""End to end through the CLI: spec -> nnsight traces -> zarr store -> labeled reads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import workbench
+from workbench.cli import main
+from workbench.store import store_info
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = """\
+name: runner-test
+models: [tiny-smolvlm, tiny-qwen3vl]
+data: {{source: builtin, n: {n}}}
+conditions:
+  baseline: {{}}
+  alpha:
+    sweep: {{alpha: [0.5, 1.0, 3.0]}}
+    interventions:
+      - {{kind: scale, site: projector, factor: $alpha, positions: vision}}
+capture:
+  - {{site: layer, layers: all}}
+store: {{path: {store}}}
+"""
+
+
+def write_spec(tmp_path: Path, n: int = 2, name: str = "store.zarr") -> tuple[Path, Path]:
+    store = tmp_path / name
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(SPEC.format(n=n, store=store))
+    return spec, store
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory, workbench_cache):
+    spec, store = write_spec(tmp_path_factory.mktemp("run"), n=2)
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    return store
+
+
+@pytest.mark.parametrize("model", ["tiny-smolvlm", "tiny-qwen3vl"])
+def test_alpha_one_is_baseline_and_alpha_scales_vision_rows(demo_store, model):
+    ds = workbench.open_store(demo_store, model=model)
+    base = ds.sel(condition="baseline")
+    one = ds.sel(condition="alpha=1.0")
+    np.testing.assert_array_equal(one.hidden.values, base.hidden.values)
+    for alpha in (0.5, 3.0):
+        scaled = ds.sel(alpha=alpha, layer=0)
+        b0 = base.sel(layer=0)
+        vision = (b0.modality == "vision").values
+        assert vision.any() and (~vision).any()
+        np.testing.assert_allclose(scaled.hidden.values[vision], alpha * b0.hidden.values[vision], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(scaled.hidden.values[~vision], b0.hidden.values[~vision])
+
+
+def test_labels_select_together(demo_store):
+    ds = workbench.open_store(demo_store, model="tiny-qwen3vl")
+    picked = ds.sel(condition="baseline", modality="vision", layer=0)
+    assert picked.hidden.dims == ("token", "dim")
+    assert set(np.unique(picked.sample.values)) == set(np.unique(ds.sample.values))
+    expected = ds.hidden.values[(ds.condition.values == "baseline") & (ds.modality.values == "vision"), 0]
+    np.testing.assert_array_equal(picked.hidden.values, expected)
+    assert ds.layer.values.tolist() == list(range(ds.attrs["n_layers"] + 1))
+    assert "runner-test" in ds.attrs["provenance"]
+
+
+def test_tree_has_one_node_per_model_and_provenance(demo_store):
+    tree = workbench.open_store(demo_store)
+    assert sorted(tree.children) == ["tiny-qwen3vl", "tiny-smolvlm"]
+    assert tree["tiny-smolvlm"].attrs["model_id"] == "tiny-smolvlm"
+    assert "spec_hash" in tree.attrs["provenance"] and "nnsight" in tree.attrs["provenance"]
+
+
+def test_rerun_resumes_without_rewriting(demo_store, capsys):
+    spec = demo_store.parent / "store.zarr.yaml"
+    before = store_info(demo_store)
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    out = capsys.readouterr().out
+    assert "skipping" in out and "wrote 0 and skipped 16" in out
+    assert store_info(demo_store)["models"] == before["models"]
+
+
+def test_info_and_validate(demo_store, capsys):
+    assert main(["info", str(demo_store)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-smolvlm" in out and "alpha=3.0" in out and "no damage found" in out
+    assert main(["validate", str(demo_store.parent / "store.zarr.yaml"), "--models-check"]) == 0
+
+
+def _identical(a: Path, b: Path) -> None:
+    for model in ("tiny-smolvlm", "tiny-qwen3vl"):
+        da = workbench.open_store(a, model=model).load()
+        db = workbench.open_store(b, model=model).load()
+        da.attrs, db.attrs = {}, {}
+        # compare the label arrays themselves: the MultiIndex's tuples hold NaN (no alpha on
+        # baseline), and NaN != NaN inside tuples
+        xr.testing.assert_identical(da.reset_index("token"), db.reset_index("token"))
+
+
+@pytest.mark.parametrize("kill_at", ["store.before_commit:3", "store.after_commit:5", "trace:7"])
+def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
+    """kill -9 mid-write (torn arrays), between samples and mid-trace; the rerun repairs and
+    resumes, and the result equals the uninterrupted run's store, row for row."""
+    spec, store = write_spec(tmp_path, n=2)
+    killed = run_cli("run", str(spec), "--no-progress", "--no-table", env={"WORKBENCH_KILL_AT": kill_at})
+    assert killed.returncode == -9, killed.stderr
+    partial = store_info(store)
+    stored = sum(c["samples"] for m in partial["models"].values() for c in m["conditions"].values())
+    assert 0 < stored < 16
+    if kill_at.startswith("store.before_commit"):
+        assert any(c["damage"] for m in partial["models"].values() for c in m["conditions"].values())
+        info = run_cli("info", str(store))
+        assert "DAMAGE" in info.stdout
+    resumed = run_cli("run", str(spec), "--no-progress", "--no-table")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"skipped {stored} of 16" in resumed.stdout
+    _identical(store, demo_store)
+    assert "no damage found" in run_cli("info", str(store)).stdout
+
+
+def test_second_writer_is_refused(tmp_path):
+    from workbench.store import StoreBusyError, StoreWriter
+
+    spec, store = write_spec(tmp_path, n=1)
+    with StoreWriter(store):
+        result = run_cli("run", str(spec), "--no-progress", "--no-table")
+    assert result.returncode == 1
+    assert "being written by another workbench process" in result.stderr
+    with pytest.raises(StoreBusyError):
+        with StoreWriter(store):
+            StoreWriter(store)

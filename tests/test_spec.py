@@ -1,0 +1,506 @@
+"""Spec layer: valid specs round-trip; invalid specs fail with located, explained problems."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workbench.spec import (
+    KNOWN_SITES,
+    TINY_MODEL_NAMES,
+    Problem,
+    Spec,
+    SpecError,
+    load_spec,
+    parse_spec,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Line numbers matter: the bad-spec cases below assert them.
+VALID = """\
+name: probe
+description: Projector scaling with patching and a KV swap.
+models: [tiny-smolvlm, HuggingFaceTB/SmolVLM-256M-Instruct]
+data:
+  source: builtin
+  n: 8
+  seed: 3
+conditions:
+  baseline: {}
+  blank:
+    image: blank
+  alpha:
+    sweep: {alpha: [0.1, 1.0, 3.0]}
+    interventions:
+      - {kind: scale, site: projector, factor: $alpha, positions: vision}
+  grid:
+    sweep: {x: [1, 2], y: [0.01]}
+    interventions:
+      - {kind: add, site: layer, layers: [0, 2], direction_from: blank, factor: $x}
+      - {kind: normalize, target: $y}
+  patched:
+    interventions:
+      - {kind: patch, site: keys, from: blank, positions: [0, 1, 2]}
+      - {kind: zero, site: attention, layers: [1]}
+    kv_swap: {donor: baseline, positions: vision, layers: all}
+capture:
+  - {site: layer, layers: all}
+  - {site: logits, positions: text}
+generate: {max_new_tokens: 2}
+store: {path: stores/probe.zarr}
+backend: {kind: local, device: cpu, dtype: float32}
+"""
+
+
+def mutate(old: str, new: str) -> str:
+    assert VALID.count(old) == 1, f"ambiguous or missing mutation anchor {old!r}"
+    return VALID.replace(old, new)
+
+
+def single_problem(text: str) -> Problem:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, source="bad.yaml")
+    problems = caught.value.problems
+    assert len(problems) == 1, str(caught.value)
+    return problems[0]
+
+
+# --------------------------------------------------------------------------- valid specs
+
+
+def test_valid_spec_round_trip():
+    spec = parse_spec(VALID, source="probe.yaml")
+    assert spec.name == "probe"
+    assert spec.models == ["tiny-smolvlm", "HuggingFaceTB/SmolVLM-256M-Instruct"]
+    assert (spec.data.source, spec.data.n, spec.data.seed) == ("builtin", 8, 3)
+    assert list(spec.conditions) == ["baseline", "blank", "alpha", "grid", "patched"]
+    assert spec.conditions["blank"].image == "blank"
+    assert spec.conditions["patched"].interventions[0].from_ == "blank"
+    assert spec.capture[1].positions == "text"
+    assert spec.generate.max_new_tokens == 2
+    assert spec.backend.device == "cpu"
+    assert spec.source == "probe.yaml"
+    assert spec.source_text == VALID
+    assert len(spec.spec_hash) == 64 and spec.spec_hash == parse_spec(VALID).spec_hash
+    assert parse_spec(VALID + "\n").spec_hash != spec.spec_hash  # hash of the raw text
+
+
+def test_sweep_expansion_names_and_substitution():
+    spec = parse_spec(VALID)
+    instances = spec.expand_conditions()
+    assert [c.name for c in instances] == [
+        "baseline",
+        "blank",
+        "alpha=0.1",
+        "alpha=1.0",
+        "alpha=3.0",
+        "x=1.0,y=0.01",
+        "x=2.0,y=0.01",
+        "patched",
+    ]
+    by_name = {c.name: c for c in instances}
+    assert by_name["alpha=3.0"].base == "alpha"
+    assert by_name["alpha=3.0"].sweep == {"alpha": 3.0}
+    assert by_name["alpha=0.1"].interventions[0].factor == 0.1
+    grid = by_name["x=2.0,y=0.01"]
+    assert grid.sweep == {"x": 2.0, "y": 0.01}
+    assert grid.interventions[0].factor == 2.0
+    assert grid.interventions[1].target == 0.01
+    assert by_name["baseline"].sweep == {} and by_name["baseline"].interventions == ()
+    assert by_name["patched"].kv_swap.donor == "baseline"
+    # The validated spec keeps the references; only instances substitute them.
+    assert spec.conditions["alpha"].interventions[0].factor == "$alpha"
+    assert spec.sweep_variables() == ["alpha", "x", "y"]
+
+
+def test_defaults():
+    spec = parse_spec(
+        "name: d\nmodels: [tiny-llama]\nconditions: {baseline: }\n"
+        "capture: [{site: layer}]\nstore: {path: s.zarr}\n"
+    )
+    assert spec.data.source == "builtin" and spec.data.seed == 0
+    assert spec.conditions["baseline"].interventions == []
+    assert spec.capture[0].layers == "all" and spec.capture[0].positions == "all"
+    assert spec.generate is None
+    assert (spec.backend.kind, spec.backend.device, spec.backend.dtype) == ("local", "auto", "auto")
+
+
+def test_demo_spec_loads():
+    spec = load_spec(REPO / "specs" / "demo.yaml")
+    assert spec.models == ["tiny-smolvlm", "tiny-qwen3vl"]
+    assert [c.name for c in spec.expand_conditions()] == ["baseline", "alpha=0.1", "alpha=1.0", "alpha=3.0"]
+    assert spec.data.n == 4
+
+
+def test_local_checkpoint_directory_is_a_model(tmp_path):
+    checkpoint = tmp_path / "my_ckpt"
+    checkpoint.mkdir()
+    spec = parse_spec(mutate("[tiny-smolvlm, HuggingFaceTB/SmolVLM-256M-Instruct]", f"[{checkpoint}]"))
+    assert spec.models == [str(checkpoint)]
+
+
+def test_constants():
+    assert "projector.merger" in KNOWN_SITES and len(KNOWN_SITES) == 10
+    assert TINY_MODEL_NAMES == ("tiny-smolvlm", "tiny-qwen3vl", "tiny-llama")
+
+
+# --------------------------------------------------------------------------- bad specs
+# Each case: (mutated text, dotted field path, line, a phrase the message must contain).
+
+BAD_SPECS = {
+    "unknown top-level key": (VALID + "outputs: here\n", "outputs", 32, "unknown field 'outputs'; expected one of: name,"),
+    "unknown nested key": (mutate("  seed: 3\n", "  seed: 3\n  shuffle: true\n"), "data.shuffle", 8, "unknown field 'shuffle'; expected one of: source, n, seed"),
+    "unknown intervention key": (
+        mutate("$alpha, positions: vision", "$alpha, positons: vision"),
+        "conditions.alpha.interventions[0].positons",
+        15,
+        "unknown field 'positons' (did you mean 'positions'?); expected one of: kind, site, positions, layers, factor",
+    ),
+    "string for n": (mutate("n: 8", "n: eight"), "data.n", 6, "got 'eight' (str); expected an integer"),
+    "quoted number for n": (mutate("n: 8", "n: '8'"), "data.n", 6, "got '8' (str); expected an integer"),
+    "negative n": (mutate("n: 8", "n: -2"), "data.n", 6, "got -2 (int); expected an integer >= 1"),
+    "unknown site": (
+        mutate("site: projector", "site: projektor"),
+        "conditions.alpha.interventions[0].site",
+        15,
+        "got 'projektor' (str) (did you mean 'projector'?); expected one of 'embed', 'vision'",
+    ),
+    "unknown capture site": (mutate("site: logits", "site: lm_head"), "capture[1].site", 28, "expected one of 'embed'"),
+    "unknown intervention kind": (
+        mutate("kind: zero", "kind: ablate"),
+        "conditions.patched.interventions[1].kind",
+        24,
+        "got 'ablate' (str); expected one of 'scale', 'zero', 'add', 'patch', 'normalize'",
+    ),
+    "missing intervention kind": (
+        mutate("{kind: zero, site", "{site"),
+        "conditions.patched.interventions[1].kind",
+        24,
+        "missing required field 'kind'; expected one of 'scale'",
+    ),
+    "unknown model": (
+        mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "smolvlm]"),
+        "models[1]",
+        3,
+        "unknown model 'smolvlm'; expected one of tiny-smolvlm, tiny-qwen3vl, tiny-llama, "
+        "a Hugging Face repo id 'org/name', or a local checkpoint directory",
+    ),
+    "duplicate model": (
+        mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "tiny-smolvlm]"),
+        "models[1]",
+        3,
+        "duplicate model 'tiny-smolvlm'",
+    ),
+    "missing name": (mutate("name: probe\n", ""), "name", 1, "missing required field 'name'; expected a spec name"),
+    "missing store": (
+        mutate("store: {path: stores/probe.zarr}\n", ""),
+        "store",
+        1,
+        "missing required field 'store'; expected a mapping like {path: stores/demo.zarr}",
+    ),
+    "missing nested field": (
+        mutate("- {kind: scale, site: projector, factor: $alpha,", "- {kind: scale, site: projector,"),
+        "conditions.alpha.interventions[0].factor",
+        15,
+        "missing required field 'factor'",
+    ),
+    "undefined $var": (
+        mutate("factor: $alpha", "factor: $beta"),
+        "conditions.alpha.interventions[0].factor",
+        15,
+        "'$beta' is not defined; expected one of this condition's sweep variables: $alpha",
+    ),
+    "$var without sweep": (
+        mutate("{kind: zero, site: attention, layers: [1]}", "{kind: scale, site: attention, factor: $alpha}"),
+        "conditions.patched.interventions[1].factor",
+        24,
+        "'$alpha' is not defined; expected a number, or add 'sweep: {alpha: [...]}'",
+    ),
+    "patch from a missing condition": (
+        mutate("keys, from: blank", "keys, from: blnk"),
+        "conditions.patched.interventions[0].from",
+        23,
+        "unknown condition 'blnk' (did you mean 'blank'?); expected one of",
+    ),
+    "donor missing": (
+        mutate("donor: baseline", "donor: nobody"),
+        "conditions.patched.kv_swap.donor",
+        25,
+        "unknown condition 'nobody'",
+    ),
+    "donor is swept": (
+        mutate("donor: baseline", "donor: alpha"),
+        "conditions.patched.kv_swap.donor",
+        25,
+        "condition 'alpha' has a sweep, so it names several runs; expected one of baseline, blank, patched",
+    ),
+    "direction_from itself": (
+        mutate("direction_from: blank", "direction_from: grid"),
+        "conditions.grid.interventions[0].direction_from",
+        19,
+        "refers to itself",
+    ),
+    "bad positions word": (
+        mutate("positions: vision}", "positions: image}"),
+        "conditions.alpha.interventions[0].positions",
+        15,
+        "got 'image' (str); expected one of 'vision', 'text', 'boundary', 'all' or a list of token positions",
+    ),
+    "negative position": (
+        mutate("positions: [0, 1, 2]", "positions: [0, -1, 2]"),
+        "conditions.patched.interventions[0].positions[1]",
+        23,
+        "got -1 (int); expected a token position (an integer >= 0)",
+    ),
+    "bad layers": (mutate("layers: [0, 2]", "layers: some"), "conditions.grid.interventions[0].layers", 19, "expected 'all' or a list of layer indices"),
+    "duplicate yaml key": (mutate("  seed: 3\n", "  seed: 3\n  n: 9\n"), "data.n", 8, "duplicate key 'n' (first on line 6); expected each key once"),
+    "yaml syntax error": (mutate("  n: 8\n", "\tn: 8\n"), "(document)", 6, "invalid YAML"),
+    "yaml bad indentation": (mutate("  n: 8\n", "   n: 8\n"), "(document)", 6, "expected valid YAML syntax"),
+    "empty conditions": (
+        mutate(VALID[VALID.index("conditions:") : VALID.index("capture:")], "conditions: {}\n"),
+        "conditions",
+        8,
+        "got an empty mapping; expected at least 1 condition",
+    ),
+    "empty sweep list": (mutate("[0.1, 1.0, 3.0]", "[]"), "conditions.alpha.sweep.alpha", 13, "got an empty list; expected at least 1 value"),
+    "duplicate sweep value": (mutate("[0.1, 1.0, 3.0]", "[0.1, 1, 1.0]"), "conditions.alpha.sweep.alpha[2]", 13, "duplicate sweep value 1.0"),
+    "boolean in sweep": (mutate("[0.1, 1.0, 3.0]", "[0.1, true]"), "conditions.alpha.sweep.alpha[1]", 13, "got true (boolean); expected a number"),
+    "boolean factor": (
+        mutate("factor: $alpha", "factor: yes"),
+        "conditions.alpha.interventions[0].factor",
+        15,
+        "got true (boolean); expected a number or a '$variable'",
+    ),
+    "boolean for n": (mutate("n: 8", "n: true"), "data.n", 6, "got true (boolean); expected an integer"),
+    "bad image mode": (mutate("image: blank", "image: black"), "conditions.blank.image", 11, "expected one of 'real', 'blank', 'none'"),
+    "bad condition name": (mutate("  blank:\n", "  blank image:\n"), "conditions.blank image", 10, "expected a condition name made of letters"),
+    "path for builtin": (mutate("  seed: 3\n", "  seed: 3\n  path: x.jsonl\n"), "data.path", 8, "'path' is not used by source 'builtin'"),
+    "jsonl without path": (mutate("source: builtin", "source: jsonl"), "data.path", 4, "missing required field 'path' for source 'jsonl'"),
+    "unknown datbench config": (
+        mutate("source: builtin", "source: datbench\n  exclude: [maths]"),
+        "data.exclude[0]",
+        6,
+        "got 'maths' (str) (did you mean 'math'?); expected one of 'chart', 'counting'",
+    ),
+    "add with neither vector nor direction": (
+        mutate("direction_from: blank, ", ""),
+        "conditions.grid.interventions[0]",
+        19,
+        "neither of 'vector' and 'direction_from' given; expected exactly one of them",
+    ),
+    "list where mapping expected": (mutate("store: {path: stores/probe.zarr}", "store: [stores/probe.zarr]"), "store", 30, "got a list; expected a mapping"),
+    "models not a list": (
+        mutate("models: [tiny-smolvlm, HuggingFaceTB/SmolVLM-256M-Instruct]", "models: tiny-smolvlm"),
+        "models",
+        3,
+        "got 'tiny-smolvlm' (str); expected a list",
+    ),
+    "bad dtype": (mutate("dtype: float32", "dtype: fp32"), "backend.dtype", 31, "expected one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    "zero max_new_tokens": (mutate("max_new_tokens: 2", "max_new_tokens: 0"), "generate.max_new_tokens", 29, "expected an integer >= 1"),
+    "clashing sweep names": (
+        mutate("capture:\n", "  beta:\n    sweep: {alpha: [3]}\ncapture:\n"),
+        "conditions.beta.sweep",
+        27,
+        "expands to 'alpha=3.0', which condition 'alpha' also produces",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPECS), ids=list(BAD_SPECS))
+def test_bad_spec_is_located(case):
+    text, field, line, phrase = BAD_SPECS[case]
+    problem = single_problem(text)
+    assert problem.field == field
+    assert problem.line == line
+    assert phrase in problem.message
+    assert "expected" in problem.message
+
+
+def test_error_message_format():
+    with pytest.raises(SpecError) as caught:
+        parse_spec(mutate("n: 8", "n: eight"), source="specs/bad.yaml")
+    err = caught.value
+    assert isinstance(err, ValueError)
+    assert str(err) == "specs/bad.yaml:6: data.n: got 'eight' (str); expected an integer"
+    assert err.problems[0].path == ("data", "n")
+
+
+def test_every_problem_is_listed():
+    text = mutate("n: 8", "n: -1").replace("site: logits", "site: nope").replace("outputs", "x") + "junk: 1\n"
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, source="bad.yaml")
+    located = {(p.field, p.line) for p in caught.value.problems}
+    assert located == {("data.n", 6), ("capture[1].site", 28), ("junk", 32)}
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "3 problems in spec bad.yaml:"
+    assert lines[1:] == [
+        "  bad.yaml:6: data.n: got -1 (int); expected an integer >= 1",
+        "  bad.yaml:28: capture[1].site: got 'nope' (str); expected one of " + ", ".join(f"'{s}'" for s in KNOWN_SITES),
+        "  bad.yaml:32: junk: unknown field 'junk'; expected one of: name, description, models, data, conditions, "
+        "capture, generate, store, backend",
+    ]
+
+
+def test_python_tag_is_rejected_not_executed(tmp_path, capfd):
+    marker = tmp_path / "pwned"
+    for payload in ('!!python/object/apply:os.system ["echo hi"]', f'!!python/object/apply:os.system ["touch {marker}"]'):
+        problem = single_problem(mutate("description: Projector scaling with patching and a KV swap.", f"description: {payload}"))
+        assert problem.field == "description"
+        assert problem.line == 2
+        assert "unsupported YAML tag '!!python/object/apply:os.system'; expected plain YAML values" in problem.message
+    assert not marker.exists()
+    assert "hi" not in capfd.readouterr().out
+
+
+def test_custom_tag_is_rejected():
+    problem = single_problem(mutate("n: 8", "n: !env SAMPLES"))
+    assert (problem.field, problem.line) == ("data.n", 6)
+    assert "unsupported YAML tag '!env'" in problem.message
+
+
+@pytest.mark.parametrize(
+    "text, phrase",
+    [("", "got an empty document"), ("- a\n- b\n", "got a list"), ("just words\n", "got 'just words' (str)")],
+)
+def test_top_level_must_be_a_mapping(text, phrase):
+    problem = single_problem(text)
+    assert problem.field == "(document)"
+    assert phrase in problem.message and "expected a mapping with fields name," in problem.message
+
+
+def test_recursive_alias_is_an_error_not_a_hang():
+    problem = single_problem(VALID + "loop: &a [*a]\n")
+    assert problem.line == 32 and "recursive alias" in problem.message
+
+
+def test_merge_keys_are_supported():
+    text = mutate("  - {site: layer, layers: all}\n", "  - &cap {site: layer, layers: [1, 2]}\n  - {<<: *cap, site: keys}\n")
+    spec = parse_spec(text)
+    assert [(c.site, c.layers) for c in spec.capture[:2]] == [("layer", [1, 2]), ("keys", [1, 2])]
+
+
+def test_load_spec_missing_file(tmp_path):
+    with pytest.raises(SpecError) as caught:
+        load_spec(tmp_path / "nope.yaml")
+    assert "cannot read the file" in str(caught.value)
+
+
+def test_load_spec_reports_file_name(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(mutate("n: 8", "n: 0"))
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    assert f"{path}:6: data.n: got 0 (int); expected an integer >= 1" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- CLI overrides
+
+
+def test_overrides_apply_and_keep_provenance():
+    spec = parse_spec(VALID, source="probe.yaml")
+    changed = spec.with_overrides(models="tiny-llama, tiny-qwen3vl", limit=2, store_path="stores/x.zarr", device="cuda", dtype="bfloat16")
+    assert changed.models == ["tiny-llama", "tiny-qwen3vl"]
+    assert changed.data.n == 2
+    assert changed.store.path == "stores/x.zarr"
+    assert (changed.backend.device, changed.backend.dtype) == ("cuda", "bfloat16")
+    assert changed.spec_hash == spec.spec_hash and changed.source_text == VALID
+    assert changed.overrides["limit"] == 2
+    assert spec.data.n == 8  # the original is untouched
+    assert spec.with_overrides(limit=100).data.n == 8  # a limit caps, never grows
+
+
+def test_overrides_switch_source_drops_inapplicable_options():
+    spec = parse_spec(mutate("source: builtin", "source: jsonl\n  path: samples.jsonl"))
+    assert spec.with_overrides(data_source="builtin").data.path is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, phrase",
+    [
+        ({"models": "tiny-llama,qwen"}, "--models[1]", "unknown model 'qwen'"),
+        ({"models": ""}, "--models", "expected at least 1 model"),
+        ({"limit": 0}, "--limit", "got 0 (int); expected an integer >= 1"),
+        ({"limit": "3"}, "--limit", "got '3' (str); expected an integer >= 1"),
+        ({"data_source": "web"}, "--data", "got 'web' (str); expected one of 'builtin', 'datbench', 'jsonl', 'folder'"),
+        ({"data_source": "folder"}, "--data", "missing required field 'path' for source 'folder'"),
+        ({"device": "gpu"}, "--device", "expected one of 'auto', 'cpu', 'cuda'"),
+        ({"dtype": "fp8"}, "--dtype", "expected one of 'auto', 'float32'"),
+        ({"store_path": ""}, "--store", "expected a non-empty path"),
+    ],
+)
+def test_bad_overrides_name_the_cli_option(kwargs, field, phrase):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(VALID).with_overrides(**kwargs)
+    (problem,) = caught.value.problems
+    assert problem.field == field and problem.line is None
+    assert phrase in problem.message
+
+
+# --------------------------------------------------------------------------- property test
+
+VALID_DATA = yaml.safe_load(VALID)
+
+junk_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["$alpha", "$nope", "all", "vision", "layer", "blank", "tiny-llama", "a/b", "", "from"]),
+    st.lists(st.integers(min_value=-2, max_value=5), max_size=3),
+    st.dictionaries(st.text(max_size=6), st.integers(), max_size=2),
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, prefix + (index,))
+
+
+def _get(node, path):
+    for part in path:
+        node = node[part]
+    return node
+
+
+@st.composite
+def mutated_specs(draw):
+    data = copy.deepcopy(VALID_DATA)
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(list(_paths(data))))
+        operation = draw(st.sampled_from(["drop", "retype", "junk_key"]))
+        target = _get(data, path)
+        if operation == "junk_key" and isinstance(target, dict):
+            target[draw(st.text(min_size=1, max_size=8))] = draw(junk_values)
+        elif operation == "drop" and path:
+            del _get(data, path[:-1])[path[-1]]
+        elif path:
+            _get(data, path[:-1])[path[-1]] = draw(junk_values)
+    return data
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_specs())
+def test_mutated_specs_validate_or_raise_spec_error(data):
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    try:
+        spec = parse_spec(text, source="mutated.yaml")
+    except SpecError as err:
+        assert err.problems
+        for problem in err.problems:
+            assert problem.line is not None, str(err)
+            assert "expected" in problem.message, str(err)
+    else:
+        assert isinstance(spec, Spec)
+        spec.expand_conditions()

@@ -1,0 +1,259 @@
+"""Samples to run a spec on: the offline built-in set, a JSONL file, or an image folder.
+
+The built-in set is drawn with PIL from a per-sample seed, so it needs no downloads, is
+pixel-identical across runs, and sample ``i`` never depends on how many samples were asked
+for (``builtin_samples(4) == builtin_samples(8)[:4]``), which lets ``--limit`` runs resume.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from PIL import Image, ImageDraw
+
+__all__ = ["Sample", "builtin_samples", "load_samples", "CATEGORIES"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str  # stable unique id, e.g. "builtin/counting/003"
+    image: Image.Image | None
+    question: str  # the full prompt text to put after the image
+    category: str  # e.g. "counting"
+    answer: str | None = None
+
+
+# --------------------------------------------------------------------------- built-in set
+
+CATEGORIES = ("counting", "color", "shape", "spatial")
+SHAPES = ("circle", "square", "triangle")
+COLORS = {
+    "red": (220, 40, 40),
+    "green": (40, 160, 60),
+    "blue": (40, 80, 220),
+    "yellow": (230, 190, 20),
+    "purple": (140, 60, 180),
+    "orange": (240, 130, 30),
+}
+# Mixed, mostly non-square sizes: the tiny SmolVLM tiles images, so shape matters.
+SIDES = (64, 96, 128)
+RELATIONS = ("left", "right", "above", "below")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    kind: str
+    color: str
+
+
+class _Canvas:
+    """A white-ish image divided into a grid of cells, one shape per cell."""
+
+    def __init__(self, rng: random.Random):
+        self.width, self.height = rng.choice(SIDES), rng.choice(SIDES)
+        self.cell = min(self.width, self.height) // 3
+        self.cols, self.rows = self.width // self.cell, self.height // self.cell
+        background = tuple(rng.randint(235, 255) for _ in range(3))
+        self.image = Image.new("RGB", (self.width, self.height), background)
+        self.rng = rng
+
+    def free_cells(self, count: int) -> list[tuple[int, int]]:
+        cells = [(col, row) for row in range(self.rows) for col in range(self.cols)]
+        return self.rng.sample(cells, count)
+
+    def draw(self, shape: _Shape, col: int, row: int) -> None:
+        size = int(self.cell * self.rng.uniform(0.55, 0.75))
+        slack = self.cell - size
+        x0 = col * self.cell + self.rng.randint(0, slack)
+        y0 = row * self.cell + self.rng.randint(0, slack)
+        box = (x0, y0, x0 + size - 1, y0 + size - 1)
+        fill = COLORS[shape.color]
+        pen = ImageDraw.Draw(self.image)
+        if shape.kind == "circle":
+            pen.ellipse(box, fill=fill)
+        elif shape.kind == "square":
+            pen.rectangle(box, fill=fill)
+        else:
+            pen.polygon([(x0 + size // 2, y0), (box[2], box[3]), (x0, box[3])], fill=fill)
+
+
+def _random_shape(rng: random.Random) -> _Shape:
+    return _Shape(rng.choice(SHAPES), rng.choice(sorted(COLORS)))
+
+
+def _different_shape(rng: random.Random, target: _Shape, *, kind: bool, color: bool) -> _Shape:
+    """A shape that differs from target in kind and/or colour, as asked."""
+    kinds = [k for k in SHAPES if k != target.kind] if kind else [target.kind]
+    colors = [c for c in sorted(COLORS) if c != target.color] if color else [target.color]
+    return _Shape(rng.choice(kinds), rng.choice(colors))
+
+
+def _counting(canvas: _Canvas) -> tuple[str, str]:
+    rng = canvas.rng
+    target = _random_shape(rng)
+    count = rng.randint(1, 4)
+    # Distractors share the kind or the colour, so counting needs both attributes.
+    distractors = []
+    for _ in range(rng.randint(0, 2)):
+        other_kind = rng.random() < 0.5
+        distractors.append(_different_shape(rng, target, kind=other_kind, color=not other_kind))
+    shapes = [target] * count + distractors
+    for shape, (col, row) in zip(shapes, canvas.free_cells(len(shapes))):
+        canvas.draw(shape, col, row)
+    question = f"How many {target.color} {target.kind}s are in the image? Answer with a number."
+    return question, str(count)
+
+
+def _color(canvas: _Canvas) -> tuple[str, str]:
+    rng = canvas.rng
+    target = _random_shape(rng)
+    distractor = _different_shape(rng, target, kind=True, color=True)
+    for shape, (col, row) in zip((target, distractor), canvas.free_cells(2)):
+        canvas.draw(shape, col, row)
+    return f"What color is the {target.kind}? Answer with one word.", target.color
+
+
+def _shape(canvas: _Canvas) -> tuple[str, str]:
+    rng = canvas.rng
+    target = _random_shape(rng)
+    distractor = _different_shape(rng, target, kind=True, color=True)
+    for shape, (col, row) in zip((target, distractor), canvas.free_cells(2)):
+        canvas.draw(shape, col, row)
+    question = f"What shape is the {target.color} object? Answer with circle, square, or triangle."
+    return question, target.kind
+
+
+def _spatial(canvas: _Canvas) -> tuple[str, str]:
+    rng = canvas.rng
+    first = _random_shape(rng)
+    second = _different_shape(rng, first, kind=rng.random() < 0.5, color=True)
+    relation = rng.choice(RELATIONS)
+    # Put the pair in one row (left/right) or one column (above/below), so the relation is clear.
+    if relation in ("left", "right"):
+        row, (a, b) = rng.randrange(canvas.rows), sorted(rng.sample(range(canvas.cols), 2))
+        first_at, second_at = ((a, row), (b, row)) if relation == "left" else ((b, row), (a, row))
+    else:
+        col, (a, b) = rng.randrange(canvas.cols), sorted(rng.sample(range(canvas.rows), 2))
+        first_at, second_at = ((col, a), (col, b)) if relation == "above" else ((col, b), (col, a))
+    canvas.draw(first, *first_at)
+    canvas.draw(second, *second_at)
+    question = (
+        f"Is the {first.color} {first.kind} to the left of, to the right of, above, or below "
+        f"the {second.color} {second.kind}? Answer with left, right, above, or below."
+    )
+    return question, relation
+
+
+_MAKERS: dict[str, Callable[[_Canvas], tuple[str, str]]] = {
+    "counting": _counting,
+    "color": _color,
+    "shape": _shape,
+    "spatial": _spatial,
+}
+
+
+def _builtin_sample(index: int, seed: int) -> Sample:
+    # A string seed per sample: deterministic across runs and independent of n.
+    rng = random.Random(f"workbench.builtin/{seed}/{index}")
+    category = CATEGORIES[index % len(CATEGORIES)]  # round robin: small n spans categories
+    canvas = _Canvas(rng)
+    question, answer = _MAKERS[category](canvas)
+    return Sample(f"builtin/{category}/{index:03d}", canvas.image, question, category, answer)
+
+
+def builtin_samples(n: int, seed: int = 0) -> list[Sample]:
+    """The first ``n`` built-in samples for ``seed`` (a prefix of any longer request)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return [_builtin_sample(i, seed) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- files
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
+FOLDER_QUESTION = "Describe the image."
+
+
+def _open_rgb(path: Path) -> Image.Image:
+    with Image.open(path) as image:
+        return image.convert("RGB")  # convert() loads pixels, so the file can close
+
+
+def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
+    """First ``n`` records of a JSONL file: {"id", "image" (relative to the file) or null,
+    "question", "category"?, "answer"?}."""
+    path = Path(path)
+    samples: list[Sample] = []
+    seen: set[str] = set()
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if len(samples) >= n:
+                break
+            if not line.strip():
+                continue
+            sample = _jsonl_record(path, number, line)
+            if sample.id in seen:
+                raise ValueError(f"{path}:{number}: duplicate sample id {sample.id!r}")
+            seen.add(sample.id)
+            samples.append(sample)
+    return samples
+
+
+def _jsonl_record(path: Path, number: int, line: str) -> Sample:
+    where = f"{path}:{number}"
+    try:
+        record: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    for key in ("id", "question"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise ValueError(f"{where}: expected a non-empty string {key!r}")
+    image = record.get("image")
+    if image is not None and not isinstance(image, str):
+        raise ValueError(f"{where}: expected 'image' to be a path or null")
+    answer = record.get("answer")
+    return Sample(
+        id=record["id"],
+        image=_open_rgb(path.parent / image) if image else None,
+        question=record["question"],
+        category=str(record.get("category") or "jsonl"),
+        answer=None if answer is None else str(answer),
+    )
+
+
+def folder_samples(path: str | Path, n: int) -> list[Sample]:
+    """First ``n`` images of a folder, by name; a ``<stem>.txt`` beside an image holds its
+    question (default: "Describe the image.")."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: expected a folder of images")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    samples = []
+    for file in files[:n]:
+        sidecar = file.with_suffix(".txt")
+        question = sidecar.read_text(encoding="utf-8").strip() if sidecar.is_file() else FOLDER_QUESTION
+        samples.append(Sample(f"folder/{file.name}", _open_rgb(file), question or FOLDER_QUESTION, "folder"))
+    return samples
+
+
+def load_samples(data_spec: Any) -> list[Sample]:
+    """Samples for a spec's ``data`` section (a :class:`workbench.spec.DataSpec`).
+
+    File sources keep file order (``seed`` is unused there) so limited runs are prefixes.
+    """
+    source = data_spec.source
+    if source == "builtin":
+        return builtin_samples(data_spec.n, data_spec.seed)
+    if source == "jsonl":
+        return jsonl_samples(data_spec.path, data_spec.n)
+    if source == "folder":
+        return folder_samples(data_spec.path, data_spec.n)
+    if source == "datbench":
+        raise NotImplementedError("data source 'datbench' is not implemented yet; use builtin, jsonl or folder")
+    raise ValueError(f"unknown data source {source!r}; expected builtin, datbench, jsonl or folder")
