@@ -110,7 +110,7 @@ def _identical(a: Path, b: Path) -> None:
         da.attrs, db.attrs = {}, {}
         # compare the label arrays themselves: the MultiIndex's tuples hold NaN (no alpha on
         # baseline), and NaN != NaN inside tuples
-        xr.testing.assert_identical(da.reset_index("token"), db.reset_index("token"))
+        xr.testing.assert_identical(da.reset_index(["token", "run"]), db.reset_index(["token", "run"]))
 
 
 @pytest.mark.parametrize("kill_at", ["store.before_commit:3", "store.after_commit:5", "trace:7"])

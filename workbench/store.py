@@ -320,29 +320,40 @@ def _damage(group: zarr.Group) -> list[str]:
     return torn
 
 
-def _open_condition(path: Path, model: str, condition: str, attrs: dict[str, Any]) -> xr.Dataset:
+RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
+
+
+def _open_condition(path: Path, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
+    """(token part, run part) of one condition group, cut to its committed rows and labeled."""
     group = f"{model}/{condition}"
     ds = xr.open_zarr(path, group=group, consolidated=False, chunks={}, zarr_format=3)
     extent = {k: v for k, v in _committed_extent(zarr.open_group(path / group, mode="r")).items() if k in ds.dims}
-    ds = ds.isel({dim: slice(0, n) for dim, n in extent.items()})
-    ds = ds.drop_vars([v for v in COMMIT_ARRAYS if v in ds])
-    n_tokens = ds.sizes.get("token", 0)
-    labels = {"condition": ("token", np.full(n_tokens, condition, dtype=object).astype(str))}
-    for name, value in (attrs.get("sweep") or {}).items():
-        labels[name] = ("token", np.full(n_tokens, float(value)))
-    ds = ds.assign_coords(labels)
-    ds = ds.set_coords([v for v in TOKEN_LABELS if v in ds.data_vars])
+    ds = ds.isel({dim: slice(0, n) for dim, n in extent.items()}).rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
-    return ds
+    sweep = {name: float(value) for name, value in (attrs.get("sweep") or {}).items()}
+    tokens = ds[[v for v in ds.data_vars if "token" in ds[v].dims]]
+    n = tokens.sizes.get("token", 0)
+    tokens = tokens.assign_coords(
+        condition=("token", np.full(n, condition, dtype=object).astype(str)),
+        **{name: ("token", np.full(n, value)) for name, value in sweep.items()},
+    )
+    tokens = tokens.set_coords([v for v in TOKEN_LABELS if v in tokens.data_vars])
+    runs = ds[[v for v in ds.data_vars if "run" in ds[v].dims]]
+    m = runs.sizes.get("run", 0)
+    runs = runs.assign_coords(
+        run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
+        **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
+    ).set_coords("run_sample")
+    return tokens, runs
 
 
-def _label_index(ds: xr.Dataset, sweep_vars: Iterable[str]) -> xr.Dataset:
-    """Build a MultiIndex on `token` over the labels, so `.sel` takes several of them at once
+def _label_index(ds: xr.Dataset, dim: str, levels: list[str]) -> xr.Dataset:
+    """Build a MultiIndex on `dim` over its labels, so `.sel` takes several of them at once
     (zarr cannot store a MultiIndex, so it is rebuilt on every open)."""
-    levels = [c for c in ("condition", *sweep_vars, "sample", "position", "modality", "token_id") if c in ds.coords]
+    levels = [c for c in levels if c in ds.coords]
     for level in levels:  # small 1-D labels: load them, the index needs values
         ds[level] = ds[level].load()
-    return ds.set_index(token=levels)
+    return ds.set_index({dim: levels}) if levels else ds
 
 
 def list_models(path: str | Path) -> list[str]:
@@ -350,23 +361,30 @@ def list_models(path: str | Path) -> list[str]:
     return [g.attrs.get("model_id", name) for name, g in sorted(root.groups())]
 
 
+def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Dataset:
+    # a condition without a sweep variable gets NaN there (baseline has no alpha)
+    for i, part in enumerate(parts):
+        size = part.sizes.get(dim, 0)
+        parts[i] = part.assign_coords({c: (dim, np.full(size, np.nan)) for c in fill if c not in part.coords})
+    return xr.concat(parts, dim=dim, data_vars="minimal", coords="minimal", compat="override", join="outer")
+
+
 def _open_model(path: Path, root: zarr.Group, key: str) -> xr.Dataset:
     model_group = root[key]
-    parts, sweep_vars = [], []
+    token_parts, run_parts, sweep_vars = [], [], []
     for condition, group in sorted(model_group.groups()):
         attrs = dict(group.attrs)
-        for name in attrs.get("sweep") or {}:
-            if name not in sweep_vars:
-                sweep_vars.append(name)
-        parts.append(_open_condition(path, key, condition, attrs))
-    if not parts:
+        sweep_vars += [name for name in attrs.get("sweep") or {} if name not in sweep_vars]
+        tokens, runs = _open_condition(path, key, condition, attrs)
+        token_parts.append(tokens)
+        run_parts.append(runs)
+    if not token_parts:
         return xr.Dataset(attrs=dict(model_group.attrs))
-    # conditions without a sweep variable get NaN there (baseline has no alpha)
-    for i, part in enumerate(parts):
-        missing = {v: ("token", np.full(part.sizes.get("token", 0), np.nan)) for v in sweep_vars if v not in part.coords}
-        parts[i] = part.assign_coords(missing)
-    ds = xr.concat(parts, dim="token", data_vars="minimal", coords="minimal", compat="override", join="outer")
-    ds = _label_index(ds, sweep_vars)
+    tokens = _concat(token_parts, "token", {v: v for v in sweep_vars})
+    tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"])
+    runs = _concat(run_parts, "run", {RUN_PREFIX + v: v for v in sweep_vars})
+    runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"])
+    ds = xr.merge([tokens, runs], compat="override", join="outer")
     ds.attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
     return ds
 
