@@ -28,31 +28,77 @@ printed) -> COMPLETED | ERROR.
 
 Fault injection (plain attributes the tests set; counters decrement as they fire):
 ``fail_next_requests`` (POST /request answers 503), ``drop_next_jobs`` (blocking: the websocket is
-cut after RUNNING, before COMPLETED; non-blocking: the job is forgotten, so polls answer 404 for
-good), ``fail_next_polls`` (GET /response answers 503), ``reject_key`` (401 as the real NDIF does for
+cut after RUNNING, before COMPLETED, by dropping the TCP connection, or with a 1011 close frame
+when ``drop_mode = "close"``; non-blocking: the job is forgotten, so polls answer 404 for good), ``fail_next_polls`` (GET /response answers 503), ``reject_key`` (401 as the real NDIF does for
 a bad key), ``served`` (keys reported by /status; any other key gets the real NDIF's "not a
 scheduled model" ERROR after RECEIVED).
 
-Import this module before nnsight where possible: it imports ``anyio._backends._asyncio`` first,
-which nnsight's ``AsyncRemoteBackend`` needs to have loaded before nnsight.
+Importing this module loads anyio's lazily imported modules (and the server stack) up front,
+lifting nnsight's ``.save`` mount meanwhile if nnsight is already imported: anyio rejects classes
+defined after that mount (see `_preload_server_stack`).
 """
 
 # No `from __future__ import annotations`: FastAPI must see the route annotations (Request,
 # WebSocket) as real classes, and they are imported inside `_asgi_app`.
-import anyio._backends._asyncio  # noqa: F401  (must load before nnsight; see module docstring)
+import importlib
 
-import asyncio
-import concurrent.futures
-import io
-import json
-import linecache
-import socket
-import sys
-import threading
-import time
-import traceback
-import uuid
-from typing import Any, Optional
+# anyio's TypedAttributeSet rejects any subclass with an unannotated public attribute, and
+# nnsight's PYMOUNT puts `save` on every object at import; anyio (4.x) imports the modules that
+# define such subclasses lazily, so whichever of them loads after nnsight raises "Attribute
+# 'save' is missing its type annotation" (the server stack and nnsight's AsyncRemoteBackend both
+# reach them). Load them all now; if nnsight is already imported, lift its mount meanwhile.
+_ANYIO_EAGER = (
+    "anyio._backends._asyncio",
+    "anyio.abc._sockets",
+    "anyio.streams.tls",
+    "anyio.streams.file",
+    "anyio.streams.memory",
+    "anyio.streams.stapled",
+    "anyio.streams.buffered",
+    "anyio.streams.text",
+    "anyio.to_thread",
+    "anyio.from_thread",
+    "starlette.applications",
+    "starlette.websockets",
+    "fastapi",
+    "uvicorn",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.lifespan.off",
+    "uvicorn.loops.asyncio",
+    "python_multipart",
+)
+
+
+def _preload_server_stack() -> None:
+    mounted = object.__dict__.get("save")
+    unmount = mount = None
+    if mounted is not None:
+        from nnsight._c import mount, unmount  # nnsight is imported: it mounted `save`
+    if unmount is not None:
+        unmount("save")
+    try:
+        for name in _ANYIO_EAGER:
+            importlib.import_module(name)
+    finally:
+        if unmount is not None:
+            mount(mounted, "save")
+
+
+_preload_server_stack()
+
+import asyncio  # noqa: E402
+import concurrent.futures  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import linecache  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import uuid  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
 __all__ = ["LoopbackNDIF", "local_model_key", "NOT_SERVED_MESSAGE", "BAD_KEY_MESSAGE", "UNAVAILABLE_MESSAGE"]
 
