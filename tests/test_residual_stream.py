@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from workbench.backends.local import run_forward
-from workbench.capture import ResidualCapture
+from workbench.backends.local import run_condition
+from workbench.capture import CapturePlan, ResidualCapture
 from workbench.interventions import Scale
 from workbench.plan import ConditionPlan, ModelPlan
 
@@ -32,7 +32,11 @@ def hooked_residuals(hf, layers, final_norm, encoding, edit_projector=None):
 
 
 def _plan(model):
-    return ModelPlan(model.info, [], [ResidualCapture(tuple(range(model.n_layers + 1)))])
+    return ModelPlan(model.info, [], CapturePlan(residual=ResidualCapture(tuple(range(model.n_layers + 1)))))
+
+
+def run_forward(model, inputs, condition, plan):
+    return run_condition(model, {condition.image: inputs}, condition, plan).tokens
 
 
 def _image():
@@ -76,7 +80,7 @@ def test_projector_scale_matches_hooked_scaling(load_tiny, name):
     model = load_tiny(name)
     inputs = model.encode(_image(), "Describe the image.")
     alpha = 0.25
-    condition = ConditionPlan("alpha=0.25", {"alpha": alpha}, "real", (Scale("projector", alpha, "vision"),))
+    condition = ConditionPlan("alpha=0.25", {"alpha": alpha}, "real", (Scale("projector", "vision", factor=alpha),))
     stored = run_forward(model, inputs, condition, _plan(model))["hidden"]
     if model.arch.family == "qwen3vl":
         modules = [model.hf.model.visual.merger, *model.hf.model.visual.deepstack_merger_list]
@@ -95,8 +99,8 @@ def test_qwen_projector_zero_equals_zero_image_features(load_tiny):
     model = load_tiny("tiny-qwen3vl")
     inputs = model.encode(_image(), "Describe the image.")
     vision = inputs.modality == "vision"
-    full = run_forward(model, inputs, ConditionPlan("a0", {}, "real", (Scale("projector", 0.0, "vision"),)), _plan(model))["hidden"]
-    merger = run_forward(model, inputs, ConditionPlan("m0", {}, "real", (Scale("projector.merger", 0.0, "vision"),)), _plan(model))["hidden"]
+    full = run_forward(model, inputs, ConditionPlan("a0", {}, "real", (Scale("projector", "vision", factor=0.0),)), _plan(model))["hidden"]
+    merger = run_forward(model, inputs, ConditionPlan("m0", {}, "real", (Scale("projector.merger", "vision", factor=0.0),)), _plan(model))["hidden"]
     assert np.abs(full[vision, 0]).max() == 0
     assert np.abs(merger[vision, 0]).max() == 0
     # with every projector output zero, layer 1's vision rows are the decoder's update alone;

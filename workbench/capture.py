@@ -1,19 +1,30 @@
-"""Captures: which tensors a trace saves, read at their sites and moved to CPU float32 at once.
+"""Captures: which tensors a run saves, read at their sites and moved to CPU float32 at once.
 
-The stored residual stream `hidden` has dims (token, layer, dim); `layer` follows the convention in
-`workbench.sites` (0 = LLM input, l = after l decoder layers).
+Stored variables (dims; what a row is):
+- `hidden (token, layer, dim)`: the residual stream (convention in `workbench.sites`).
+- `keys`, `values (token, decoder_layer, kv)`: each layer's K (after RoPE, and k_norm for Qwen) and V at
+  every prompt position, read from the KV cache, heads flattened (kv = kv_heads * head_dim).
+  `decoder_layer` l is the l-th decoder layer, which reads residual `layer` l.
+- `prefill_vision_mass (token, decoder_layer, head)`: for each query position of the prompt forward, the
+  attention probability mass on `vision` key positions.
+- `decode_attention (token, step, decoder_layer, head)`: the attention probability of decode step s's
+  query on the key at this prompt position. Step 0's query is the last prompt position (it
+  predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
+- `logprobs (run, step, vocab)`: float32 log-softmax of the next-token logits at each step.
+- `generated (run, step)`: the greedy token chosen at each step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .sites import order, residual_envoy
 
-CAPTURABLE_SITES = ("layer",)
+CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits")
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -24,7 +35,7 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ResidualCapture:
-    """The residual stream at each listed layer index, for every position of the sequence."""
+    """The residual stream at each listed layer index, for every position."""
 
     layers: tuple[int, ...]
     variable: str = "hidden"
@@ -32,9 +43,106 @@ class ResidualCapture:
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
 
-    def read(self, model: Any, inputs: Any, layer: int, saved: dict[str, Any]) -> None:
-        saved.setdefault(self.variable, []).append(to_host(residual_envoy(model, layer).input[0]))
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
+        saved.setdefault(("hidden", layer), []).append(to_host(residual_envoy(model, layer).input[0]))
 
-    def finish(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """Stack per-layer captures into the stored (token, layer, dim) array."""
-        return {self.variable: torch.stack(saved[self.variable], dim=1).numpy()}
+
+@dataclass(frozen=True)
+class AttentionCapture:
+    """Eager attention probabilities of each listed decoder layer, reduced as they are read:
+    per query the mass on vision keys, and the last query's full row (the decode step's)."""
+
+    layers: tuple[int, ...]
+    vision_keys: Any = field(default=None, compare=False)  # set per sample: bool tensor (seq,)
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+        return [(order("attention", l, 2), l) for l in self.layers]
+
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
+        probs = model.decoder_layers()[layer].self_attn.output[1][0]  # (heads, q, k)
+        vision_keys = torch.as_tensor(inputs.modality == "vision", device=probs.device)
+        mass = probs[:, :, vision_keys[: probs.shape[-1]]].sum(-1)   # (heads, q)
+        saved.setdefault(("vision_mass", layer), []).append(to_host(mass.transpose(0, 1)))
+        saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
+
+
+@dataclass(frozen=True)
+class SiteValues:
+    """A sequence site's value (`embed` or residual `layer`) at the selected positions, read to
+    feed another condition's `patch` or `add` (direction_from)."""
+
+    site: str
+    layers: tuple[int, ...] | None
+    positions: Any
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
+        if self.site == "layer":
+            return [(order("layer", l, 1), l) for l in self.layers or ()]
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any) -> None:
+        from .interventions import site_tensor
+        from .sites import position_index
+
+        index = torch.as_tensor(position_index(self.positions, inputs.modality))
+        saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
+
+
+@dataclass(frozen=True)
+class CachedKVCapture:
+    """K and/or V of each listed layer, read from the KV cache after the prompt forward."""
+
+    layers: tuple[int, ...]
+    keys: bool = True
+    values: bool = True
+
+    def read_cache(self, cache: Any, n_tokens: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, wanted in (("keys", self.keys), ("values", self.values)):
+            if not wanted:
+                continue
+            per_layer = []
+            for l in self.layers:
+                tensor = getattr(cache.layers[l], name)[0, :, :n_tokens]      # (kv_heads, seq, hd)
+                per_layer.append(to_host(tensor).permute(1, 0, 2).reshape(n_tokens, -1))
+            out[name] = torch.stack(per_layer, dim=1).numpy()               # (token, layer, kv)
+        return out
+
+
+@dataclass
+class CapturePlan:
+    """Everything one model's runs capture; built by the plan from the spec's `capture` list."""
+
+    residual: ResidualCapture | None = None
+    attention: AttentionCapture | None = None
+    kv: CachedKVCapture | None = None
+    logits: bool = False
+    max_new_tokens: int = 1
+
+    @property
+    def needs_eager_attention(self) -> bool:
+        return self.attention is not None
+
+    def readers(self) -> list[Any]:
+        """The captures read inside a trace (K/V are read from the cache afterwards)."""
+        return [c for c in (self.residual, self.attention) if c is not None]
+
+    @property
+    def decoding(self) -> bool:
+        """Whether runs go past the prompt forward (logits or attention of decode steps)."""
+        return self.logits or self.attention is not None
+
+    def coords(self) -> dict[str, dict[str, np.ndarray]]:
+        """Labels of the non-leading dims of each variable this plan stores."""
+        coords: dict[str, dict[str, np.ndarray]] = {}
+        if self.residual:
+            coords["hidden"] = {"layer": np.asarray(self.residual.layers)}
+        # attention and K/V belong to decoder layers (0..L-1), a dim of their own: decoder layer
+        # l reads residual layer l
+        if self.kv:
+            layers = {"decoder_layer": np.asarray(self.kv.layers)}
+            coords.update({n: layers for n in ("keys", "values") if getattr(self.kv, n)})
+        if self.attention:
+            coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
+            coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
+        return coords

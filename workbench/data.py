@@ -1,4 +1,4 @@
-"""Samples to run a spec on: the offline built-in set, a JSONL file, or an image folder.
+"""Samples to run a spec on: the offline built-in set, DatBench, a JSONL file, or an image folder.
 
 The built-in set is drawn with PIL from a per-sample seed, so it needs no downloads, is
 pixel-identical across runs, and sample ``i`` never depends on how many samples were asked
@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, NoReturn
 
 from PIL import Image, ImageDraw
 
-__all__ = ["Sample", "builtin_samples", "load_samples", "CATEGORIES"]
+from .spec import DATBENCH_CONFIGS
+
+__all__ = [
+    "Sample",
+    "builtin_samples",
+    "datbench_samples",
+    "jsonl_samples",
+    "folder_samples",
+    "load_samples",
+    "DatBenchError",
+    "CATEGORIES",
+    "DATBENCH_REPO",
+]
 
 
 @dataclass(frozen=True)
@@ -242,10 +255,150 @@ def folder_samples(path: str | Path, n: int) -> list[Sample]:
     return samples
 
 
+# --------------------------------------------------------------------------- DatBench
+
+DATBENCH_REPO = "DatologyAI/DatBench"
+DATBENCH_SPLIT = "test"
+_DATBENCH_COLUMNS = ("id", "image", "question", "prompt_format", "answer")
+_DATBENCH_LAYOUT = (
+    "a folder with one `save_to_disk` dataset per config (<path>/chart, <path>/counting, ...), "
+    f"or a download of the hub repo {DATBENCH_REPO}"
+)
+
+
+class DatBenchError(ValueError):
+    """DatBench could not be loaded (offline, a wrong ``data.path``, a foreign schema)."""
+
+
+def datbench_samples(
+    n_per_config: int,
+    seed: int = 0,
+    exclude: Iterable[str] = (),
+    path: str | Path | None = None,
+) -> list[Sample]:
+    """``n_per_config`` DatBench samples from each config not in ``exclude``.
+
+    Rows come from ``datasets.load_dataset(path or "DatologyAI/DatBench", config,
+    split="test")``; with ``path=None`` that is the hub (or the local ``datasets`` cache
+    when ``HF_DATASETS_OFFLINE=1``).  A local copy (``path``) is a folder holding either
+
+    * one ``datasets`` ``save_to_disk`` directory per config, named after it, read with
+      ``datasets.load_from_disk``: ``<path>/<config>`` is a ``DatasetDict`` with a ``test``
+      split (``DatasetDict({"test": ds}).save_to_disk(f"{path}/{config}")``) or a bare
+      ``Dataset`` (``ds.save_to_disk(...)``); configs missing there are an error unless
+      excluded.  Or
+    * anything else ``load_dataset(path, config, split="test")`` understands, e.g. a download
+      of the hub repo (``hf download DatologyAI/DatBench --repo-type dataset --local-dir
+      <path>``: parquet files plus the README that names the configs).
+
+    Choice: row positions ``numpy.random.default_rng([seed, crc32(config)]).permutation(rows)``,
+    first ``n_per_config`` (all rows when a config has fewer), so the choice is deterministic,
+    differs per config and per seed, and a smaller ``n_per_config`` gives a prefix of a larger
+    one.  Only the chosen rows are read (``ds.select``), so only their images are decoded.
+
+    Order: configs in :data:`workbench.spec.DATBENCH_CONFIGS` order, each config's samples in
+    chosen order.  ``Sample.id`` is ``datbench/<config>/<row id>``, ``question`` is
+    ``prompt_format.prefix + question + prompt_format.suffix``, ``category`` the config,
+    ``answer`` the row's ``answer``; the image is converted to RGB.
+
+    Raises :class:`DatBenchError` (a ``ValueError``) when a config cannot be loaded.
+    """
+    if isinstance(n_per_config, bool) or not isinstance(n_per_config, int) or n_per_config < 0:
+        raise ValueError(f"n_per_config must be an int >= 0, got {n_per_config!r}")
+    excluded = {exclude} if isinstance(exclude, str) else set(exclude)
+    unknown = sorted(excluded - set(DATBENCH_CONFIGS))
+    if unknown:
+        raise ValueError(f"unknown DatBench config(s) {unknown} in exclude; expected some of {list(DATBENCH_CONFIGS)}")
+    samples: list[Sample] = []
+    for config in DATBENCH_CONFIGS:
+        if config in excluded:
+            continue
+        ds = _load_datbench_config(config, path)
+        samples.extend(_datbench_config_samples(ds, config, n_per_config, seed, path))
+    return samples
+
+
+def _datbench_fail(config: str, path: str | Path | None, reason: str) -> NoReturn:
+    where = DATBENCH_REPO if path is None else str(path)
+    hint = "set data.path to a local copy" if path is None else "check data.path"
+    raise DatBenchError(
+        f"data.source datbench: cannot load config {config!r} from {where!r} ({reason}); "
+        f"{hint}: {_DATBENCH_LAYOUT}"
+    )
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or "no message"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def _load_datbench_config(config: str, path: str | Path | None) -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        _datbench_fail(config, path, f"{_short(exc)}; install the 'models' extra")
+    if path is not None and not Path(path).is_dir():
+        # Checked here so a missing local folder is never mistaken for a hub repo id.
+        _datbench_fail(config, path, "no such folder")
+    saved = None if path is None else Path(path) / config
+    try:
+        if saved is not None and ((saved / "dataset_dict.json").is_file() or (saved / "state.json").is_file()):
+            ds = datasets.load_from_disk(str(saved))
+            if isinstance(ds, datasets.DatasetDict):
+                if DATBENCH_SPLIT not in ds:
+                    _datbench_fail(config, path, f"{saved} has splits {sorted(ds)}, no {DATBENCH_SPLIT!r}")
+                ds = ds[DATBENCH_SPLIT]
+        else:
+            ds = datasets.load_dataset(str(path) if path is not None else DATBENCH_REPO, config, split=DATBENCH_SPLIT)
+    except DatBenchError:
+        raise
+    except Exception as exc:  # offline, missing config, corrupt files: all reported the same way
+        _datbench_fail(config, path, _short(exc))
+    if not isinstance(ds, datasets.Dataset):
+        _datbench_fail(config, path, f"got a {type(ds).__name__}, expected a Dataset")
+    missing = [c for c in _DATBENCH_COLUMNS if c not in ds.column_names]
+    if missing:
+        _datbench_fail(config, path, f"no column(s) {missing}; has {ds.column_names}")
+    return ds
+
+
+def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str | Path | None) -> list[Sample]:
+    import numpy as np
+
+    rng = np.random.default_rng([seed, zlib.crc32(config.encode("utf-8"))])
+    chosen = [int(i) for i in rng.permutation(len(ds))[:n]]
+    samples: list[Sample] = []
+    seen: set[str] = set()
+    for position, row in zip(chosen, ds.select(chosen)):
+        row_id = row["id"]
+        if row_id is None or str(row_id) == "":
+            _datbench_fail(config, path, f"row {position} has no id")
+        sample_id = f"datbench/{config}/{row_id}"
+        if sample_id in seen:
+            _datbench_fail(config, path, f"duplicate row id {row_id!r}")
+        seen.add(sample_id)
+        fmt = row["prompt_format"] or {}
+        image = row["image"]
+        answer = row["answer"]
+        samples.append(
+            Sample(
+                id=sample_id,
+                image=None if image is None else image.convert("RGB"),
+                question=(fmt.get("prefix") or "") + row["question"] + (fmt.get("suffix") or ""),
+                category=config,
+                answer=None if answer is None else str(answer),
+            )
+        )
+    return samples
+
+
 def load_samples(data_spec: Any) -> list[Sample]:
     """Samples for a spec's ``data`` section (a :class:`workbench.spec.DataSpec`).
 
     File sources keep file order (``seed`` is unused there) so limited runs are prefixes.
+    For ``datbench``, ``n`` is per config and ``path`` (optional) is a local copy; see
+    :func:`datbench_samples`.
     """
     source = data_spec.source
     if source == "builtin":
@@ -255,5 +408,5 @@ def load_samples(data_spec: Any) -> list[Sample]:
     if source == "folder":
         return folder_samples(data_spec.path, data_spec.n)
     if source == "datbench":
-        raise NotImplementedError("data source 'datbench' is not implemented yet; use builtin, jsonl or folder")
+        return datbench_samples(data_spec.n, data_spec.seed, data_spec.exclude, data_spec.path)
     raise ValueError(f"unknown data source {source!r}; expected builtin, datbench, jsonl or folder")

@@ -1,36 +1,49 @@
-"""Interventions: what a condition changes in the forward pass, each with its exact semantics.
+"""Interventions: what a condition changes in the prompt forward, each with its exact semantics.
 
-Each intervention is a small frozen dataclass built from the spec (sweep values already
-substituted) and applied inside an nnsight trace by `apply(model, inputs)`. `order` places it
-among the trace's other requests (nnsight needs them in execution order).
+Each intervention is a small frozen dataclass built from the spec (sweep values substituted)
+and applied inside an nnsight trace by `apply(model, inputs, layer)`. `targets()` lists the
+(execution-order key, layer) pairs it acts at; the backend sorts every request of a trace by
+those keys. Interventions that need values from another run (`patch`, `add` with
+`direction_from`) name a `source` condition; the backend runs it first and `bind`s the values.
+
+Sites and what "the site's value" is:
+- `projector`: the output of every module whose output enters the LLM as image features:
+  SmolVLM's connector; for Qwen3-VL the merger AND every DeepStack merger. All rows are vision
+  tokens, so positions must be `vision` or `all`.
+- `projector.merger`: the main merger alone (Qwen3-VL's DeepStack features stay untouched).
+- `embed`: the token-embedding output (before image features are scattered in).
+- `layer`: the residual stream at each listed layer index (`workbench.sites` convention), edited
+  where it enters decoder layer l (or the final norm for l = L).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from .sites import order, position_index, residual_envoy
 
-# sites each kind can act on (others are refused when the plan is compiled)
-SCALABLE_SITES = ("projector", "projector.merger", "embed", "layer")
+EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
+PROJECTOR_SITES = ("projector", "projector.merger")
+
+
+def projector_envoys(model: Any, site: str) -> list[Any]:
+    paths = model.arch.projector if site == "projector" else (model.arch.projector_merger,)
+    return [envoy for path in paths for envoy in model.module(path)]
+
+
+def site_tensor(model: Any, site: str, layer: int | None) -> torch.Tensor:
+    """The live tensor of a sequence site (`embed` or `layer`), shape (batch, seq, dim)."""
+    if site == "embed":
+        return model.module(model.arch.embed)[0].output
+    return residual_envoy(model, layer).input
 
 
 @dataclass(frozen=True)
-class Scale:
-    """Multiply a site's output by `factor` at the selected positions.
-
-    - `projector`: every module whose output enters the LLM as image features: SmolVLM's connector;
-      for Qwen3-VL the merger AND every DeepStack merger (the study's alpha). All of a projector's
-      outputs are vision tokens, so positions must be `vision` or `all`.
-    - `projector.merger`: the main merger alone (for Qwen3-VL the DeepStack features stay unscaled).
-    - `embed`: the token-embedding output (before image features are scattered in).
-    - `layer`: the residual stream at each listed layer index (see `workbench.sites`)."""
-
+class Intervention:
     site: str
-    factor: float
     positions: Any = "all"
     layers: tuple[int, ...] | None = None
 
@@ -40,46 +53,108 @@ class Scale:
         return [(order(self.site, None, 0), None)]
 
     def apply(self, model: Any, inputs: Any, layer: int | None = None) -> None:
-        if self.site in ("projector", "projector.merger"):
-            paths = model.arch.projector if self.site == "projector" else (model.arch.projector_merger,)
-            for path in paths:
-                for envoy in model.module(path):
-                    envoy.output[:] = envoy.output * self.factor
+        if self.site in PROJECTOR_SITES:
+            for envoy in projector_envoys(model, self.site):
+                envoy.output[:] = self.edit(envoy.output, None)
             return
-        index = torch.as_tensor(position_index(self.positions, inputs.modality))
-        if self.site == "embed":
-            hidden = model.module(model.arch.embed)[0].output
-        else:
-            hidden = residual_envoy(model, layer).input
-        hidden[:, index] = hidden[:, index] * self.factor
+        hidden = site_tensor(model, self.site, layer)
+        index = torch.as_tensor(position_index(self.positions, inputs.modality), device=hidden.device)
+        hidden[:, index] = self.edit(hidden[:, index], layer)
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class Zero(Scale):
-    """Set a site's output to zero at the selected positions (`Scale` with factor 0, except that
-    NaN or Inf values are zeroed too)."""
+class Scale(Intervention):
+    """Multiply the site's value by `factor` at the selected positions (on `projector`: the
+    study's alpha)."""
 
-    factor: float = 0.0
+    factor: float = 1.0
 
-    def apply(self, model: Any, inputs: Any, layer: int | None = None) -> None:
-        if self.site in ("projector", "projector.merger"):
-            paths = model.arch.projector if self.site == "projector" else (model.arch.projector_merger,)
-            for path in paths:
-                for envoy in model.module(path):
-                    envoy.output[:] = 0
-            return
-        index = torch.as_tensor(position_index(self.positions, inputs.modality))
-        hidden = model.module(model.arch.embed)[0].output if self.site == "embed" else residual_envoy(model, layer).input
-        hidden[:, index] = 0
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        return x * self.factor
 
 
-def build_intervention(spec_item: Any) -> Scale:
-    """An intervention object from a validated spec entry (sweep variables already substituted)."""
-    kind = spec_item.kind
-    positions = spec_item.positions if isinstance(spec_item.positions, str) else tuple(spec_item.positions)
-    layers = None if getattr(spec_item, "layers", "all") == "all" else tuple(spec_item.layers)
-    if kind == "scale":
-        return Scale(site=spec_item.site, factor=float(spec_item.factor), positions=positions, layers=layers)
-    if kind == "zero":
-        return Zero(site=spec_item.site, positions=positions, layers=layers)
-    raise NotImplementedError(f"intervention kind {kind!r} is not implemented yet")
+@dataclass(frozen=True)
+class Zero(Intervention):
+    """Set the site's value to zero at the selected positions (NaN and Inf included)."""
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+@dataclass(frozen=True)
+class Normalize(Intervention):
+    """Rescale every projector output token to L2 norm `target`: x * target / ‖x‖.
+
+    The default target is the mean L2 norm of the model's text-token embeddings (the rows of the
+    input embedding matrix), resolved by the backend; it is the inference-time counterpart of a
+    post-projector LayerNorm with gain T/√D."""
+
+    target: float | str = "text_embedding_mean"
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        norm = x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+        return x * (float(self.target) / norm)
+
+
+@dataclass(frozen=True)
+class Add(Intervention):
+    """Add `factor` x a vector at the selected positions. The vector is given (`vector`, length
+    = the site's width) or taken from another condition (`source`): the mean, over the selected
+    positions, of (source's value - this condition's value without this edit)."""
+
+    factor: float = 1.0
+    vector: tuple[float, ...] | None = None
+    source: str | None = None
+    bound: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Add":
+        directions = {k: (values[k] - own[k]).mean(dim=0) for k in values}
+        return replace(self, bound=directions)
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        if self.source is None:
+            direction = torch.tensor(self.vector, dtype=x.dtype, device=x.device)
+        else:
+            direction = self.bound[layer].to(x.device, x.dtype)
+        return x + self.factor * direction
+
+
+@dataclass(frozen=True)
+class Patch(Intervention):
+    """Replace the site's value at the selected positions with the `source` condition's value at
+    the same positions (same layer). The source must have the same token sequence."""
+
+    source: str = ""
+    bound: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Patch":
+        return replace(self, bound=values)
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        return self.bound[layer].to(x.device, x.dtype).reshape(x.shape)
+
+
+def needs_source(item: Any) -> str | None:
+    """The condition whose values `item` needs before it can run, if any."""
+    return getattr(item, "source", None)
+
+
+def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention:
+    """An intervention from a validated spec entry (sweep variables already substituted)."""
+    positions = raw.positions if isinstance(getattr(raw, "positions", "all"), str) else tuple(raw.positions)
+    common = {"site": raw.site, "positions": positions, "layers": layers}
+    if raw.kind == "scale":
+        return Scale(**common, factor=float(raw.factor))
+    if raw.kind == "zero":
+        return Zero(**common)
+    if raw.kind == "normalize":
+        return Normalize(**{**common, "positions": "all"}, target=raw.target)
+    if raw.kind == "add":
+        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
+        return Add(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from)
+    if raw.kind == "patch":
+        return Patch(**common, source=raw.from_)
+    raise ValueError(f"unknown intervention kind {raw.kind!r}")

@@ -1,21 +1,22 @@
-"""Plan: a validated spec compiled against one model's config into what its traces must do.
+"""Plan: a validated spec compiled against one model's config into what its runs must do.
 
 Everything a spec asks that a model cannot give (a vision site on a text model, a layer beyond its
-depth, an intervention kind not implemented yet) is refused here, located in the spec file like
-any other spec error, before anything runs or is written.
+depth, an edit a site does not support) is refused here, located in the spec file like any other
+spec error, before anything runs or is written.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from .capture import CAPTURABLE_SITES, ResidualCapture
-from .interventions import SCALABLE_SITES, build_intervention
-from .sites import PER_LAYER_SITES, VISION_SITES
+from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ResidualCapture
+from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
+from .sites import VISION_SITES
 from .spec import SpecError
 
-Path_ = tuple[Any, ...]
+SpecPath = tuple[Any, ...]
+CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits")
 
 
 class PlanError(SpecError):
@@ -23,17 +24,34 @@ class PlanError(SpecError):
 
 
 @dataclass(frozen=True)
+class KVSwapPlan:
+    """Decode-time KV substitution: the donor's K/V at `positions` of `layers` replace this
+    condition's before the last prompt token runs (see `workbench.backends.local`)."""
+
+    donor: str
+    positions: Any
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ConditionPlan:
     name: str
     sweep: dict[str, float]
     image: str                        # real | blank | none
-    interventions: tuple[Any, ...]
+    interventions: tuple[Any, ...] = ()
+    kv_swap: KVSwapPlan | None = None
+
+    @property
+    def sources(self) -> list[str]:
+        """Conditions whose values this one needs first (patch / add-direction sources)."""
+        return [s for s in (needs_source(i) for i in self.interventions) if s]
 
     def store_attrs(self) -> dict[str, Any]:
         return {
             "sweep": dict(self.sweep),
             "image": self.image,
             "interventions": [repr(i) for i in self.interventions],
+            "kv_swap": repr(self.kv_swap) if self.kv_swap else None,
         }
 
 
@@ -41,7 +59,14 @@ class ConditionPlan:
 class ModelPlan:
     info: Any                         # workbench.models.ModelInfo
     conditions: list[ConditionPlan]
-    captures: list[Any] = field(default_factory=list)
+    capture: CapturePlan = field(default_factory=CapturePlan)
+
+    def condition(self, name: str) -> ConditionPlan:
+        return next(c for c in self.conditions if c.name == name)
+
+    @property
+    def captures(self) -> CapturePlan:  # kept for readers of the earlier name
+        return self.capture
 
 
 class _Checker:
@@ -49,58 +74,107 @@ class _Checker:
 
     def __init__(self, info: Any):
         self.info = info
-        self.problems: list[tuple[Path_, str]] = []
+        self.problems: list[tuple[SpecPath, str]] = []
 
-    def add(self, path: Path_, message: str) -> None:
+    def add(self, path: SpecPath, message: str) -> None:
         self.problems.append((path, message))
 
-    def layers(self, value: Any, path: Path_) -> tuple[int, ...]:
-        n = self.info.n_layers
+    def layers(self, value: Any, path: SpecPath, top: int) -> tuple[int, ...]:
+        """Layer indices 0..top ('all' expands); out-of-range ones are problems."""
         if value in (None, "all"):
-            return tuple(range(n + 1))
-        bad = [l for l in value if l > n]
+            return tuple(range(top + 1))
+        bad = [l for l in value if l > top]
         if bad:
-            self.add(path, f"layers {bad} out of range ({n} decoder layers); expected 0..{n}")
-        return tuple(sorted(set(l for l in value if l <= n)))
+            self.add(path, f"layers {bad} out of range ({self.info.n_layers} decoder layers); expected 0..{top}")
+        return tuple(sorted(set(l for l in value if l <= top)))
 
-    def site(self, site: str, path: Path_, allowed: tuple[str, ...], what: str) -> None:
+    def site(self, site: str, path: SpecPath, allowed: tuple[str, ...], what: str) -> bool:
         if site in VISION_SITES and not self.info.arch.is_multimodal:
             self.add(path, f"a text-only model has no site {site!r}; expected a site of a text model")
         elif site not in allowed:
-            self.add(path, f"site {site!r} cannot be {what} yet; expected one of {', '.join(allowed)}")
+            self.add(path, f"site {site!r} cannot be {what}; expected one of {', '.join(allowed)}")
+        else:
+            return True
+        return False
+
+
+def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
+    n = check.info.n_layers
+    plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
+    kv_layers: dict[str, tuple[int, ...]] = {}
+    for i, item in enumerate(spec.capture):
+        path = ("capture", i)
+        if not check.site(item.site, path + ("site",), CAPTURE_SITES, "captured"):
+            continue
+        if item.positions != "all":
+            check.add(path + ("positions",), "captures store every prompt position; expected all "
+                      "(select positions when reading the store: ds.sel(modality=...))")
+        if item.site == "layer":
+            plan.residual = ResidualCapture(check.layers(item.layers, path + ("layers",), n))
+        elif item.site == "attention":
+            plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
+        elif item.site in ("keys", "values"):
+            kv_layers[item.site] = check.layers(item.layers, path + ("layers",), n - 1)
+        elif item.site == "logits":
+            plan.logits = True
+    if kv_layers:
+        layers = tuple(sorted(set().union(*kv_layers.values())))
+        if len(kv_layers) == 2 and kv_layers["keys"] != kv_layers["values"]:
+            check.add(("capture",), "keys and values are captured at different layers; expected the same layers")
+        plan.kv = CachedKVCapture(layers, keys="keys" in kv_layers, values="values" in kv_layers)
+    return plan
+
+
+def _interventions(instance: Any, check: _Checker, names: set[str]) -> tuple[Any, ...]:
+    items = []
+    base: SpecPath = ("conditions", instance.base, "interventions")
+    for j, raw in enumerate(instance.interventions):
+        path = base + (j,)
+        if not check.site(raw.site, path + ("site",), EDITABLE_SITES, f"edited by '{raw.kind}'"):
+            continue
+        if raw.site in PROJECTOR_SITES and getattr(raw, "positions", "all") not in ("vision", "all"):
+            check.add(path + ("positions",), "the projector outputs only vision tokens; expected vision or all")
+        if raw.kind == "normalize" and raw.site not in PROJECTOR_SITES:
+            check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
+        source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
+        if source is not None and raw.site not in ("embed", "layer"):
+            check.add(path + ("site",), f"values from another condition are read at sequence sites; expected embed or layer")
+        layers = check.layers(raw.layers, path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
+        if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
+            check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
+        items.append(build_intervention(raw, layers))
+    return tuple(items)
 
 
 def compile_plan(spec: Any, info: Any) -> ModelPlan:
     """Compile `spec` for one model; raise PlanError (located in the spec) listing every problem."""
     check = _Checker(info)
-    captures = []
-    for i, item in enumerate(spec.capture):
-        check.site(item.site, ("capture", i, "site"), CAPTURABLE_SITES, "captured")
-        if item.positions != "all":
-            check.add(("capture", i, "positions"), f"only 'all' is supported for {item.site!r} captures yet; expected all")
-        if item.site == "layer":
-            captures.append(ResidualCapture(check.layers(item.layers, ("capture", i, "layers"))))
+    capture = _capture_plan(spec, check)
+    instances = spec.expand_conditions()
+    names = {i.name for i in instances}
+    images = {i.name: i.image for i in instances}
     conditions = []
-    for instance in spec.expand_conditions():
-        base: Path_ = ("conditions", instance.base)
-        items = []
-        for j, raw in enumerate(instance.interventions):
-            path = base + ("interventions", j)
-            if raw.kind not in ("scale", "zero"):
-                check.add(path + ("kind",), f"{raw.kind!r} is not implemented yet; expected scale or zero")
-                continue
-            check.site(raw.site, path + ("site",), SCALABLE_SITES, f"given '{raw.kind}'")
-            if raw.site in VISION_SITES and raw.positions not in ("vision", "all"):
-                check.add(path + ("positions",), "the projector outputs only vision tokens; expected vision or all")
-            item = build_intervention(raw)
-            if raw.site in PER_LAYER_SITES:
-                item = replace(item, layers=check.layers(getattr(raw, "layers", "all"), path + ("layers",)))
-            items.append(item)
-        if instance.kv_swap is not None:
-            check.add(base + ("kv_swap",), "kv_swap is not implemented yet; expected no kv_swap")
+    for instance in instances:
+        base: SpecPath = ("conditions", instance.base)
         if instance.image != "real" and not info.arch.is_multimodal:
             check.add(base + ("image",), "a text-only model takes no image; expected real")
-        conditions.append(ConditionPlan(instance.name, dict(instance.sweep), instance.image, tuple(items)))
+        kv_swap = None
+        if instance.kv_swap is not None:
+            swap = instance.kv_swap
+            if (images[swap.donor] == "none") != (instance.image == "none"):
+                check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
+                          "(image: none); expected a donor with the same sequence (real or blank image)")
+            layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
+            positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
+            kv_swap = KVSwapPlan(swap.donor, positions, layers)
+            if not capture.decoding:
+                check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
+                          "capture of logits or attention to see it")
+        items = _interventions(instance, check, names)
+        for item in items:
+            if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
+                check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
+        conditions.append(ConditionPlan(instance.name, dict(instance.sweep), instance.image, items, kv_swap))
     if check.problems:
         raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in dict.fromkeys(check.problems)], spec.source)
-    return ModelPlan(info=info, conditions=conditions, captures=captures)
+    return ModelPlan(info=info, conditions=conditions, capture=capture)

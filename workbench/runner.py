@@ -20,6 +20,16 @@ from tqdm.auto import tqdm
 from .plan import ModelPlan, compile_plan
 from .store import StoreWriter, Variable
 
+# dims of every stored capture (see workbench.capture)
+VARIABLE_DIMS = {
+    "hidden": ("token", "layer", "dim"),
+    "keys": ("token", "decoder_layer", "kv"),
+    "values": ("token", "decoder_layer", "kv"),
+    "prefill_vision_mass": ("token", "decoder_layer", "head"),
+    "decode_attention": ("token", "step", "decoder_layer", "head"),
+    "logprobs": ("run", "step", "vocab"),
+    "generated": ("run", "step"),
+}
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
 
@@ -61,15 +71,15 @@ def compile_all(spec: Any) -> list[ModelPlan]:
     return [compile_plan(spec, model_info(model_id)) for model_id in spec.models]
 
 
-def sample_variables(inputs: Any, captured: dict[str, np.ndarray], layers: dict[str, np.ndarray]) -> dict[str, Variable]:
-    """The store's variables for one sample: token labels plus every capture."""
+def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.ndarray]]) -> dict[str, Variable]:
+    """The store's variables for one run: token labels plus every capture, with their dims."""
     variables = {
         "position": Variable(("token",), np.arange(inputs.n_tokens, dtype=np.int64)),
         "modality": Variable(("token",), inputs.modality.astype(str)),
         "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
     }
-    for name, data in captured.items():
-        variables[name] = Variable(("token", "layer", "dim"), data, {"layer": layers[name]})
+    for name, data in {**result.tokens, **result.run}.items():
+        variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
     return variables
 
 
@@ -112,20 +122,22 @@ def run_spec(
             return summary
         store.add_provenance(provenance(spec))
         bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        model, model_id = None, None
+        model, model_id, encoded_for, inputs_by_image = None, None, None, None
         for plan, sample, condition in todo:
             if plan.info.model_id != model_id:
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
                 bar.set_description(f"loading {model_id}")
-                model = WorkbenchModel(plan.info, device=device, dtype=dtype)
+                attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
+                model = WorkbenchModel(plan.info, device=device, dtype=dtype, attn=attn)
                 store.ensure_model(model_id, model.describe())
+            if (model_id, sample.id) != encoded_for:
+                encoded_for, inputs_by_image = (model_id, sample.id), LazyInputs(model, sample)
             bar.set_description(f"{model_id} | {sample.id} | {condition.name}")
-            inputs = model.encode(sample.image, sample.question, condition.image)
-            captured = _execute(model, inputs, condition, plan)
-            layers = {c.variable: np.asarray(c.layers) for c in plan.captures}
+            result = _execute(model, inputs_by_image, condition, plan)
+            inputs = inputs_by_image[condition.image]
             store.write_sample(
-                model_id, condition.name, sample.id, sample_variables(inputs, captured, layers),
+                model_id, condition.name, sample.id, sample_variables(inputs, result, plan.capture.coords()),
                 condition_attrs=condition.store_attrs(),
             )
             summary.written += 1
@@ -134,7 +146,19 @@ def run_spec(
     return summary
 
 
-def _execute(model: Any, inputs: Any, condition: Any, plan: ModelPlan) -> dict[str, np.ndarray]:
-    from .backends.local import run_forward
+class LazyInputs(dict):
+    """A sample's model inputs per image mode (real, blank, none), encoded on first use."""
 
-    return run_forward(model, inputs, condition, plan)
+    def __init__(self, model: Any, sample: Any):
+        super().__init__()
+        self.model, self.sample = model, sample
+
+    def __missing__(self, image_mode: str) -> Any:
+        self[image_mode] = self.model.encode(self.sample.image, self.sample.question, image_mode)
+        return self[image_mode]
+
+
+def _execute(model: Any, inputs_by_image: LazyInputs, condition: Any, plan: ModelPlan) -> Any:
+    from .backends.local import run_condition
+
+    return run_condition(model, inputs_by_image, condition, plan)

@@ -96,17 +96,20 @@ def model_key(model_id: str) -> str:
     return re.sub(r"[^\w.=,+-]", "_", key)
 
 
-def _chunk_rows(row_shape: tuple[int, ...], itemsize: int) -> int:
+def _chunk_rows(row_shape: tuple[int, ...], itemsize: int, floor: int) -> int:
     row_bytes = max(1, int(np.prod(row_shape[-1:], dtype=np.int64)) * itemsize)
     rows = 2 ** int(np.floor(np.log2(max(1, _CHUNK_BYTES // row_bytes))))
-    return int(min(max(rows, 64), 65536))
+    return int(min(max(rows, floor), 65536))
 
 
-def _chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
     # first dim: ~2 MiB worth of rows; middle dims one at a time (a layer per chunk); last whole.
+    # Per-run rows can be large (a vocabulary of log-probs): no floor on their count, or every
+    # append would rewrite a huge partial chunk.
     middle = (1,) * max(0, len(shape) - 2)
     last = (shape[-1],) if len(shape) >= 2 else ()
-    return (_chunk_rows(shape, itemsize),) + middle + tuple(max(1, s) for s in last)
+    floor = 64 if leading == "token" else 1
+    return (_chunk_rows(shape, itemsize, floor),) + middle + tuple(max(1, s) for s in last)
 
 
 def _storage_dtype(data: np.ndarray) -> Any:
@@ -247,7 +250,7 @@ class StoreWriter:
         group.create_array(
             name,
             shape=(0,) + data.shape[1:],
-            chunks=_chunks((0,) + data.shape[1:], itemsize),
+            chunks=_chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
             dtype=dtype,
             dimension_names=list(var.dims),
             fill_value=fill,

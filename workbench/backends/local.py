@@ -1,42 +1,198 @@
-"""The local backend: one nnsight trace per (model, sample, condition), under inference mode.
+"""The local backend: nnsight traces on this machine, under inference mode.
 
-All requests of a trace (interventions and captures) are sorted into execution order first,
-because nnsight serves them in the order the forward pass reaches their sites.
+One (model, sample, condition) run is:
+- the prompt forward: one trace with the condition's interventions and the captures, sites
+  requested in execution order (nnsight serves requests in the order the forward reaches them);
+- for `kv_swap`, the prompt forward stops one token short, the donor condition's prompt forward
+  likewise, the donor's K/V at the selected positions are copied into the condition's cache, and
+  the last prompt token runs as a one-token decode step reading that hybrid cache;
+- then greedy decode steps, one trace each, reading logits and attention (interventions act on
+  the prompt forward only: the projector runs only there).
 """
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import nnsight
 import numpy as np
 import torch
+from transformers import DynamicCache
 
-from ..store import fault_point
+from ..capture import CapturePlan, SiteValues
+from ..interventions import Normalize, needs_source
 from ..plan import ConditionPlan, ModelPlan
+from ..sites import order, position_index
+from ..store import fault_point
 
 
-def _operations(condition: ConditionPlan, plan: ModelPlan) -> list[tuple[tuple, str, Any, int | None]]:
-    ops = [(key, "intervene", item, layer) for item in condition.interventions for key, layer in item.targets()]
-    ops += [(key, "capture", item, layer) for item in plan.captures for key, layer in item.targets()]
+@dataclass
+class RunResult:
+    """Captures of one run: per-token arrays (rows = prompt positions) and per-run arrays."""
+
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    run: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _cache_kwarg(hf: Any) -> str:
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+
+def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[tuple[tuple, str, Any, int | None]]:
+    ops = [(key, "intervene", item, layer) for item in interventions for key, layer in item.targets()]
+    ops += [(key, "read", reader, layer) for reader in readers for key, layer in reader.targets()]
+    if logits:
+        ops.append((order("logits", None, 1), "logits", None, None))
     return sorted(ops, key=lambda op: op[0])
 
 
-def run_forward(model: Any, inputs: Any, condition: ConditionPlan, plan: ModelPlan) -> dict[str, np.ndarray]:
-    """Run one forward pass with the condition's interventions; return the captures as numpy."""
-    ops = _operations(condition, plan)
-    model.prepare()
+def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
+          readers: list[Any] = (), logits: bool = False, cache: Any = None) -> dict[Any, Any]:
+    """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
+    and save the last position's next-token log-probabilities if `logits`."""
+    ops = _operations(interventions, list(readers), logits)
+    kwargs = {**encoding, _cache_kwarg(model.hf): cache if cache is not None else _new_cache(), "use_cache": True}
     # outside inference mode nnsight keeps the autograd graph: 1.2-2.3x slower, GBs more memory
     with torch.inference_mode():
-        with model.lm.trace(**inputs.encoding):
+        with model.lm.trace(**kwargs):
             saved = nnsight.save({})
             fault_point("trace")
             for _, role, item, layer in ops:
                 if role == "intervene":
                     item.apply(model, inputs, layer)
+                elif role == "read":
+                    item.read(model, layer, saved, inputs)
                 else:
-                    item.read(model, inputs, layer, saved)
-    result: dict[str, np.ndarray] = {}
-    for capture in plan.captures:
-        result.update(capture.finish(saved))
+                    last = model.module(model.arch.lm_head)[0].output[0, -1]
+                    saved[("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
+    return saved
+
+
+def _stack_layers(saved: dict, name: str, layers: tuple[int, ...], dim: int = 1) -> torch.Tensor:
+    return torch.stack([torch.cat(saved[(name, l)], dim=0) for l in layers], dim=dim)
+
+
+def _truncate(encoding: dict[str, Any], n: int) -> dict[str, Any]:
+    """The encoding of the first n prompt tokens (image inputs kept whole)."""
+    per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
+    return {k: (v[:, :n] if k in per_token else v) for k, v in encoding.items()}
+
+
+def _decode_encoding(model: Any, inputs: Any, token: torch.Tensor, position: int) -> dict[str, Any]:
+    """Inputs of a one-token decode step at absolute sequence index `position`."""
+    encoding: dict[str, Any] = {"input_ids": token.view(1, 1).to(model.device)}
+    position_ids = model.decode_position_ids(inputs, position)
+    if position_ids is not None:
+        encoding["position_ids"] = position_ids
+    return encoding
+
+
+def _new_cache() -> Any:
+    return DynamicCache()
+
+
+def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...]) -> None:
+    """Copy the donor cache's keys and values at `positions` of `layers` into `cache`."""
+    index = torch.as_tensor(positions, dtype=torch.long)
+    for l in layers:
+        target, source = cache.layers[l], donor.layers[l]
+        target.keys[:, :, index] = source.keys[:, :, index].to(target.keys.device)
+        target.values[:, :, index] = source.values[:, :, index].to(target.values.device)
+
+
+def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+             depth: int = 0) -> tuple[Any, ...]:
+    """The condition's interventions ready to run: defaults resolved from the model, values from
+    source conditions (patch, add direction_from) read by running those conditions first."""
+    if depth > 4:
+        raise RuntimeError(f"condition {condition.name!r}: source conditions nest too deeply")
+    resolved = []
+    inputs = inputs_by_image[condition.image]
+    for item in condition.interventions:
+        if isinstance(item, Normalize) and isinstance(item.target, str):
+            item = replace(item, target=model.text_embedding_norm())
+        source = needs_source(item)
+        if source:
+            reader = SiteValues(item.site, item.layers, item.positions)
+            source_plan = plan.condition(source)
+            source_items = _resolve(model, inputs_by_image, source_plan, plan, depth + 1)
+            model.prepare()
+            values = trace(model, inputs_by_image[source_plan.image].encoding, inputs_by_image[source_plan.image],
+                           source_items, [reader])
+            model.prepare()
+            own = trace(model, inputs.encoding, inputs, (), [reader])
+            layers = item.layers if item.site == "layer" else (None,)
+            item = item.bind({l: values[("site", item.site, l)] for l in layers},
+                             {l: own[("site", item.site, l)] for l in layers})
+        resolved.append(item)
+    return tuple(resolved)
+
+
+def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan) -> RunResult:
+    """Run one (sample, condition) and return its captures as numpy arrays."""
+    captures = plan.capture
+    inputs = inputs_by_image[condition.image]
+    n = inputs.n_tokens
+    interventions = _resolve(model, inputs_by_image, condition, plan)
+    readers = captures.readers()
+    cache = _new_cache()
+    model.prepare()
+    if condition.kv_swap is None:
+        parts = [trace(model, inputs.encoding, inputs, interventions, readers, captures.decoding, cache)]
+    else:
+        head = trace(model, _truncate(inputs.encoding, n - 1), inputs, interventions, readers, False, cache)
+        swap = condition.kv_swap
+        donor = plan.condition(swap.donor)
+        donor_inputs = inputs_by_image[donor.image]
+        donor_cache = _new_cache()
+        donor_items = _resolve(model, inputs_by_image, donor, plan)
+        model.prepare()
+        trace(model, _truncate(donor_inputs.encoding, n - 1), donor_inputs, donor_items, cache=donor_cache)
+        _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
+        last = torch.as_tensor(inputs.input_ids[-1])
+        tail = trace(model, _decode_encoding(model, inputs, last, n - 1), inputs, (), readers, True, cache)
+        parts = [head, tail]
+    result = RunResult()
+    _collect_prompt(result, parts, captures, cache, n)
+    _decode(model, inputs, captures, cache, parts[-1], result)
     return result
+
+
+def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan, cache: Any, n: int) -> None:
+    """Token rows of the prompt: residual, K/V and prefill attention mass (over 1 or 2 traces)."""
+    merged: dict[Any, list[torch.Tensor]] = {}
+    for part in parts:
+        for key, tensors in part.items():
+            merged.setdefault(key, []).extend(tensors)
+    if captures.residual:
+        result.tokens["hidden"] = _stack_layers(merged, "hidden", captures.residual.layers).numpy()
+    if captures.attention:
+        result.tokens["prefill_vision_mass"] = _stack_layers(merged, "vision_mass", captures.attention.layers).numpy()
+    if captures.kv:
+        result.tokens.update(captures.kv.read_cache(cache, n))
+
+
+def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult) -> None:
+    """Greedy decode: step 0 is the prompt's own prediction; steps 1.. run one token each."""
+    if not captures.decoding:
+        return
+    n = inputs.n_tokens
+    logprobs, rows, step_saved = [], [], last
+    for step in range(captures.max_new_tokens):
+        if step > 0:
+            token = torch.as_tensor(int(logprobs[-1].argmax()))
+            encoding = _decode_encoding(model, inputs, token, n + step - 1)
+            attention = [captures.attention] if captures.attention else []
+            step_saved = trace(model, encoding, inputs, (), attention, True, cache)
+        logprobs.append(step_saved[("logprobs", None)][-1])
+        if captures.attention:
+            # the step's query row over the prompt keys: (key, layer, head)
+            rows.append(torch.stack([step_saved[("last_row", l)][-1][:n] for l in captures.attention.layers], dim=1))
+    stacked = torch.stack(logprobs)                                   # (step, vocab)
+    if captures.logits:
+        result.run["logprobs"] = stacked[None].numpy()
+        result.run["generated"] = stacked.argmax(-1)[None].numpy().astype(np.int64)
+    if captures.attention:
+        result.tokens["decode_attention"] = torch.stack(rows, dim=1).numpy()  # (token, step, layer, head)

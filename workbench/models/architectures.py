@@ -78,7 +78,8 @@ QWEN3VL = Architecture(
     projector_merger="model.visual.merger",
     image_token="<|image_pad|>",
     boundary_tokens=("<|vision_start|>", "<|vision_end|>"),
-    quirks={"needs_mm_token_type_ids": True, "reset_rope_deltas": True},
+    # M-RoPE: decode steps need explicit 3-D position ids; `rope_deltas` is cached on the model
+    quirks={"mrope": True},
 )
 
 LLAMA = Architecture(

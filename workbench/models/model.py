@@ -100,7 +100,8 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 class WorkbenchModel:
     """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
 
-    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "eager"):
+    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
+        """attn: "sdpa" (fast) or "eager" (the only one that returns attention probabilities)."""
         from nnsight.modeling.transformers import TransformersModel
 
         from .tiny import load_processor
@@ -201,11 +202,34 @@ class WorkbenchModel:
     def decoder_layers(self) -> Any:
         return self.module(self.arch.decoder_layers)[0]
 
+    def text_embedding_norm(self) -> float:
+        """Mean L2 norm of the rows of the input embedding matrix (the text-token embeddings)."""
+        if not hasattr(self, "_text_norm"):
+            weight = self.hf.get_input_embeddings().weight.detach().float()
+            self._text_norm = float(weight.norm(dim=-1).mean())
+        return self._text_norm
+
     def prepare(self) -> None:
         """Per-run state the family keeps between forwards (Qwen3-VL caches M-RoPE deltas)."""
-        if self.arch.quirks.get("reset_rope_deltas"):
+        if self.arch.quirks.get("mrope"):
             self.hf.model.rope_deltas = None
 
+    def decode_position_ids(self, inputs: ModelInputs, position: int) -> torch.Tensor | None:
+        """Position ids of a one-token decode step at sequence index `position`, for families
+        whose positions are not simply the index (Qwen3-VL's M-RoPE: shape (3, 1, 1)); None
+        lets the model count from its cache."""
+        enc = inputs.encoding
+        if not self.arch.quirks.get("mrope") or "image_grid_thw" not in enc:
+            return None
+        positions, deltas = self.hf.model.get_rope_index(
+            enc["input_ids"], mm_token_type_ids=enc["mm_token_type_ids"],
+            image_grid_thw=enc["image_grid_thw"], attention_mask=enc.get("attention_mask"),
+        )
+        if position < inputs.n_tokens:
+            return positions[:, :, position : position + 1]
+        # past the prompt, text positions continue from the prompt's M-RoPE offset
+        return torch.full((3, 1, 1), position, device=positions.device) + deltas.view(1, -1, 1)
 
-def load_model(model_id: str, device: str = "auto", dtype: str = "auto") -> WorkbenchModel:
-    return WorkbenchModel(model_info(model_id), device=device, dtype=dtype)
+
+def load_model(model_id: str, device: str = "auto", dtype: str = "auto", attn: str = "sdpa") -> WorkbenchModel:
+    return WorkbenchModel(model_info(model_id), device=device, dtype=dtype, attn=attn)
