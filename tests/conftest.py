@@ -31,12 +31,12 @@ _models: dict[str, object] = {}
 
 @pytest.fixture(scope="session")
 def load_tiny(workbench_cache):
-    """load_tiny(name) -> a WorkbenchModel in float32 on CPU, loaded once per session."""
+    """load_tiny(name, attn="eager") -> a WorkbenchModel in float32 on CPU, loaded once per session."""
     from workbench.models.model import load_model
 
-    def load(name: str):
-        if name not in _models:
-            _models[name] = load_model(name, device="cpu", dtype="float32")
-        return _models[name]
+    def load(name: str, attn: str = "eager"):
+        if (name, attn) not in _models:
+            _models[(name, attn)] = load_model(name, device="cpu", dtype="float32", attn=attn)
+        return _models[(name, attn)]
 
     return load

@@ -105,6 +105,3 @@ def test_load_samples_folder(tmp_path):
     assert [s.question for s in samples] == ["What is this?", "Describe the image."]
 
 
-def test_datbench_not_implemented_yet():
-    with pytest.raises(NotImplementedError):
-        load_samples(DataSpec(source="datbench", n=1))

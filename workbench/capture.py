@@ -60,8 +60,11 @@ class AttentionCapture:
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
         probs = model.decoder_layers()[layer].self_attn.output[1][0]  # (heads, q, k)
-        vision_keys = torch.as_tensor(inputs.modality == "vision", device=probs.device)
-        mass = probs[:, :, vision_keys[: probs.shape[-1]]].sum(-1)   # (heads, q)
+        n_keys = probs.shape[-1]
+        vision_keys = torch.zeros(n_keys, dtype=torch.bool, device=probs.device)  # generated keys: text
+        prompt = torch.as_tensor(inputs.modality == "vision")[:n_keys]
+        vision_keys[: prompt.shape[0]] = prompt.to(probs.device)
+        mass = probs[:, :, vision_keys].sum(-1)   # (heads, q)
         saved.setdefault(("vision_mass", layer), []).append(to_host(mass.transpose(0, 1)))
         saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
 

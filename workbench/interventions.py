@@ -144,7 +144,8 @@ def needs_source(item: Any) -> str | None:
 
 def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention:
     """An intervention from a validated spec entry (sweep variables already substituted)."""
-    positions = raw.positions if isinstance(getattr(raw, "positions", "all"), str) else tuple(raw.positions)
+    positions = getattr(raw, "positions", "all")
+    positions = positions if isinstance(positions, str) else tuple(positions)
     common = {"site": raw.site, "positions": positions, "layers": layers}
     if raw.kind == "scale":
         return Scale(**common, factor=float(raw.factor))

@@ -139,7 +139,7 @@ def _interventions(instance: Any, check: _Checker, names: set[str]) -> tuple[Any
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
         if source is not None and raw.site not in ("embed", "layer"):
             check.add(path + ("site",), f"values from another condition are read at sequence sites; expected embed or layer")
-        layers = check.layers(raw.layers, path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
+        layers = check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
         if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
         items.append(build_intervention(raw, layers))

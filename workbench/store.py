@@ -68,6 +68,14 @@ def fault_point(name: str) -> None:
 _FAULT_HITS: dict[str, int] = {}
 
 
+ANALYSIS_KIND = "analysis"  # attrs["workbench_kind"] of a top-level group of cached analyses (not a model)
+
+
+def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
+    """The model groups of a store: every top-level group but the analysis caches."""
+    return sorted((name, g) for name, g in root.groups() if g.attrs.get("workbench_kind") != ANALYSIS_KIND)
+
+
 class StoreError(RuntimeError):
     """A store cannot be used as asked (busy, inconsistent with the spec, damaged)."""
 
@@ -265,7 +273,7 @@ class StoreWriter:
     # -- repair -------------------------------------------------------------------------------
     def _repair_all(self) -> list[str]:
         repairs = []
-        for model_name, model in self.root.groups():
+        for model_name, model in _model_groups(self.root):
             for condition, group in model.groups():
                 message = _truncate_to_committed(group)
                 if message:
@@ -361,7 +369,7 @@ def _label_index(ds: xr.Dataset, dim: str, levels: list[str]) -> xr.Dataset:
 
 def list_models(path: str | Path) -> list[str]:
     root = zarr.open_group(Path(path), mode="r", zarr_format=3)
-    return [g.attrs.get("model_id", name) for name, g in sorted(root.groups())]
+    return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
 
 
 def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Dataset:
@@ -408,10 +416,10 @@ def open_store(path: str | Path, model: str | None = None) -> xr.DataTree | xr.D
     root = zarr.open_group(path, mode="r", zarr_format=3)
     if model is not None:
         key = model_key(model)
-        if key not in root:
+        if key not in root or root[key].attrs.get("workbench_kind") == ANALYSIS_KIND:
             raise StoreError(f"model {model!r} is not in store {path}; it holds: {', '.join(list_models(path))}")
         return _open_model(path, root, key)
-    children = {key: xr.DataTree(_open_model(path, root, key)) for key, _ in sorted(root.groups())}
+    children = {key: xr.DataTree(_open_model(path, root, key)) for key, _ in _model_groups(root)}
     tree = xr.DataTree(children=children)
     tree.attrs = {k: (json.dumps(v) if k == "provenance" else v) for k, v in root.attrs.items()}
     return tree
@@ -425,7 +433,7 @@ def store_info(path: str | Path) -> dict[str, Any]:
         raise StoreError(f"no workbench store at {path}")
     root = zarr.open_group(path, mode="r", zarr_format=3)
     info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", []))}
-    for key, model in sorted(root.groups()):
+    for key, model in _model_groups(root):
         conditions = {}
         for condition, group in sorted(model.groups()):
             samples, counts = _committed(group)

@@ -12,7 +12,7 @@ One (model, sample, condition) run is:
 
 from __future__ import annotations
 
-import inspect
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,8 +36,15 @@ class RunResult:
     run: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _cache_kwarg(hf: Any) -> str:
-    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+# we pass `past_key_values` on purpose (see _cache_kwargs): silence transformers' rename notice
+warnings.filterwarnings("ignore", message=".*`past_key_values` is deprecated.*", category=FutureWarning)
+
+
+def _cache_kwargs(cache: Any) -> dict[str, Any]:
+    # Passed as `past_key_values` (transformers 5.x maps it to `cache`): nnsight's input
+    # preprocessing adds an all-ones attention mask of the new tokens' length unless it sees
+    # that name, and such a mask would hide the cached tokens from a decode step.
+    return {"past_key_values": cache, "use_cache": True}
 
 
 def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[tuple[tuple, str, Any, int | None]]:
@@ -53,7 +60,7 @@ def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tupl
     """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
     and save the last position's next-token log-probabilities if `logits`."""
     ops = _operations(interventions, list(readers), logits)
-    kwargs = {**encoding, _cache_kwarg(model.hf): cache if cache is not None else _new_cache(), "use_cache": True}
+    kwargs = {**encoding, **_cache_kwargs(cache if cache is not None else _new_cache())}
     # outside inference mode nnsight keeps the autograd graph: 1.2-2.3x slower, GBs more memory
     with torch.inference_mode():
         with model.lm.trace(**kwargs):
@@ -80,13 +87,10 @@ def _truncate(encoding: dict[str, Any], n: int) -> dict[str, Any]:
     return {k: (v[:, :n] if k in per_token else v) for k, v in encoding.items()}
 
 
-def _decode_encoding(model: Any, inputs: Any, token: torch.Tensor, position: int) -> dict[str, Any]:
-    """Inputs of a one-token decode step at absolute sequence index `position`."""
-    encoding: dict[str, Any] = {"input_ids": token.view(1, 1).to(model.device)}
-    position_ids = model.decode_position_ids(inputs, position)
-    if position_ids is not None:
-        encoding["position_ids"] = position_ids
-    return encoding
+def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
+    """Inputs of a one-token decode step. No attention mask and no position ids: the model
+    counts positions from its cache (Qwen3-VL adds the M-RoPE offset it kept from the prompt)."""
+    return {"input_ids": token.view(1, 1).to(model.device)}
 
 
 def _new_cache() -> Any:
@@ -130,6 +134,7 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
     return tuple(resolved)
 
 
+@torch.inference_mode()  # the caches it edits between traces are inference tensors
 def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan) -> RunResult:
     """Run one (sample, condition) and return its captures as numpy arrays."""
     captures = plan.capture
@@ -152,7 +157,7 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
         trace(model, _truncate(donor_inputs.encoding, n - 1), donor_inputs, donor_items, cache=donor_cache)
         _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
         last = torch.as_tensor(inputs.input_ids[-1])
-        tail = trace(model, _decode_encoding(model, inputs, last, n - 1), inputs, (), readers, True, cache)
+        tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache)
         parts = [head, tail]
     result = RunResult()
     _collect_prompt(result, parts, captures, cache, n)
@@ -183,7 +188,7 @@ def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: di
     for step in range(captures.max_new_tokens):
         if step > 0:
             token = torch.as_tensor(int(logprobs[-1].argmax()))
-            encoding = _decode_encoding(model, inputs, token, n + step - 1)
+            encoding = _decode_encoding(model, token)
             attention = [captures.attention] if captures.attention else []
             step_saved = trace(model, encoding, inputs, (), attention, True, cache)
         logprobs.append(step_saved[("logprobs", None)][-1])

@@ -214,22 +214,6 @@ class WorkbenchModel:
         if self.arch.quirks.get("mrope"):
             self.hf.model.rope_deltas = None
 
-    def decode_position_ids(self, inputs: ModelInputs, position: int) -> torch.Tensor | None:
-        """Position ids of a one-token decode step at sequence index `position`, for families
-        whose positions are not simply the index (Qwen3-VL's M-RoPE: shape (3, 1, 1)); None
-        lets the model count from its cache."""
-        enc = inputs.encoding
-        if not self.arch.quirks.get("mrope") or "image_grid_thw" not in enc:
-            return None
-        positions, deltas = self.hf.model.get_rope_index(
-            enc["input_ids"], mm_token_type_ids=enc["mm_token_type_ids"],
-            image_grid_thw=enc["image_grid_thw"], attention_mask=enc.get("attention_mask"),
-        )
-        if position < inputs.n_tokens:
-            return positions[:, :, position : position + 1]
-        # past the prompt, text positions continue from the prompt's M-RoPE offset
-        return torch.full((3, 1, 1), position, device=positions.device) + deltas.view(1, -1, 1)
-
 
 def load_model(model_id: str, device: str = "auto", dtype: str = "auto", attn: str = "sdpa") -> WorkbenchModel:
     return WorkbenchModel(model_info(model_id), device=device, dtype=dtype, attn=attn)

@@ -1,0 +1,257 @@
+"""A synthetic store whose analysis results are known by construction (tests, demos, a first look
+at the tables and figures without a model or a GPU).
+
+It is written with `workbench.store.StoreWriter` exactly as the runner writes (same variables,
+dims and token labels), but every tensor is built from closed-form parameters:
+
+- layout of sample i: text (2 + i % 2), boundary, vision (5 + i % 3), boundary, text (3);
+  condition `none` keeps only the text tokens (positions renumbered);
+- `hidden`: every token of (sample i, modality m) has the same norm at a layer, a random
+  direction at layer 0, and rotates in a fixed plane, so that
+  ‖h_l‖ = c_i · NORM[m](l) (c_i = 1 + 0.25 i; vision carries the factor `ratio`) and
+  cos(h_l, h_0) = COS[m](l) exactly; α scales every vision row at every layer by α (directions
+  unchanged), so the layer-0 vision/text ratio under α is α · ratio; `blank` has the baseline's
+  text curves times (1 + 0.01 i) (correlation exactly 1); `none` has text norms bent by a
+  layer-dependent factor (a correlation below 1, computed in the tests);
+- `keys`/`values`: random at baseline; under α, every vision row is rotated away from the
+  baseline row by the angle arccos(KCOS(α, l)) (keys) and arccos(VCOS(α, l)) (values), norms
+  kept; text rows unchanged; `blank`/`hybrid` vision rows rotated by fixed angles;
+- `prefill_vision_mass`: uniform random;
+- `decode_attention`: a random distribution over prompt keys per (step, layer, head); under
+  α = 3 vision rows are multiplied by 2 and text rows rescaled to keep the sum 1 (renormalized
+  over vision keys the distribution is unchanged: attention KL exactly 0, vision mass changed);
+  other conditions draw fresh distributions;
+- `logprobs`: log-softmax of random logits per (sample, step); α = 1 equals the baseline (KL 0,
+  rank 0); α = 0.1 moves the baseline's top token to rank exactly `TOP_RANK_AT_0_1` at step 0.
+
+Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
+approximately; independent computations in the tests still apply).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from workbench.store import StoreWriter, Variable
+
+TOP_RANK_AT_0_1 = 3
+
+
+@dataclass
+class SyntheticModel:
+    model_id: str
+    n_layers: int = 3          # decoder layers; hidden has layers 0..n_layers
+    dim: int = 16
+    heads: int = 2
+    kv: int = 8
+    vocab: int = 40
+    steps: int = 2
+    ratio: float = 15.0        # vision/text norm ratio at layer 0 (baseline)
+
+    def norm(self, modality: str, layer: int | np.ndarray) -> np.ndarray:
+        """Norm schedule per layer for sample factor 1 (vision carries `ratio`)."""
+        layer = np.asarray(layer, dtype=float)
+        if modality == "vision":
+            return self.ratio * (1.0 + 0.1 * layer)
+        if modality == "boundary":
+            return 2.0 * (1.0 + 0.5 * layer)
+        return 1.0 + 5.0 * layer
+
+    def cos(self, modality: str, layer: int | np.ndarray) -> np.ndarray:
+        """cos(h_l, h_0): the rotation angle grows linearly with the layer, at a per-modality rate."""
+        rate = {"vision": 0.25, "boundary": 0.8, "text": 1.4}[modality]
+        return np.cos(np.minimum(rate * np.asarray(layer, dtype=float), np.pi))
+
+    def kcos(self, alpha: float, layer: int | np.ndarray) -> np.ndarray:
+        """cos(K', K) at vision rows under α (1 at α = 1)."""
+        return np.cos(np.minimum(0.3 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
+
+    def vcos(self, alpha: float, layer: int | np.ndarray) -> np.ndarray:
+        """cos(V', V) at vision rows under α (1 at α = 1): values turn faster than keys."""
+        return np.cos(np.minimum(0.7 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
+
+
+DEFAULT_MODELS = (
+    SyntheticModel("syn/a-small", n_layers=3, dim=16, heads=2, kv=8, vocab=40, ratio=15.0),
+    SyntheticModel("syn/b-deeper", n_layers=4, dim=12, heads=4, kv=6, vocab=30, ratio=20.0),
+)
+
+
+@dataclass
+class SyntheticStore:
+    path: Path
+    models: tuple[SyntheticModel, ...]
+    samples: list[str]
+    alphas: tuple[float, ...]
+    conditions: list[str] = field(default_factory=list)
+
+
+def sample_factor(i: int) -> float:
+    return 1.0 + 0.25 * i
+
+
+def layout(i: int, with_image: bool = True) -> np.ndarray:
+    pre, vision, post = 2 + i % 2, 5 + i % 3, 3
+    if not with_image:
+        return np.array(["text"] * (pre + post))
+    return np.array(["text"] * pre + ["boundary"] + ["vision"] * vision + ["boundary"] + ["text"] * post)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _orthogonal_unit(rng: np.random.Generator, base: np.ndarray) -> np.ndarray:
+    """A unit vector per row orthogonal to the (unit) row of `base`."""
+    other = rng.standard_normal(base.shape)
+    other -= (other * base).sum(-1, keepdims=True) * base
+    return _unit(other)
+
+
+def _rotate(rng: np.random.Generator, rows: np.ndarray, cos: np.ndarray) -> np.ndarray:
+    """Rows turned by angle arccos(cos) (per row or broadcast), norms kept."""
+    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+    base = rows / norms
+    perp = _orthogonal_unit(rng, base)
+    cos = np.asarray(cos)[..., None]
+    return norms * (cos * base + np.sqrt(np.clip(1 - cos**2, 0, None)) * perp)
+
+
+def _hidden(m: SyntheticModel, rng: np.random.Generator, modality: np.ndarray, i: int, condition: str,
+            alpha: float | None, jitter: float) -> np.ndarray:
+    n, layers = len(modality), np.arange(m.n_layers + 1)
+    h0 = _unit(rng.standard_normal((n, m.dim)))
+    perp = _orthogonal_unit(rng, h0)
+    out = np.empty((n, m.n_layers + 1, m.dim))
+    c = sample_factor(i)
+    for t, mod in enumerate(modality):
+        norm = c * m.norm(mod, layers) * (1 + jitter * rng.uniform(-1, 1))
+        cos = m.cos(mod, layers)
+        if mod == "text" and condition == "blank":
+            norm = norm * (1 + 0.01 * i)
+        if mod == "text" and condition == "none":
+            norm = norm * (1 + 0.3 * np.sin(layers + i))
+        if mod == "vision" and alpha is not None:
+            norm = norm * alpha
+        if mod == "vision" and condition in ("blank", "hybrid"):
+            cos = m.cos(mod, layers * 1.5)
+        sin = np.sqrt(np.clip(1 - cos**2, 0, None))
+        out[t] = norm[:, None] * (cos[:, None] * h0[t] + sin[:, None] * perp[t])
+    return out
+
+
+def write_synthetic_store(
+    path: str | Path,
+    models: tuple[SyntheticModel, ...] = DEFAULT_MODELS,
+    n_samples: int = 4,
+    alphas: tuple[float, ...] = (0.1, 1.0, 3.0),
+    extra_conditions: tuple[str, ...] = ("blank", "none", "hybrid"),
+    variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention",
+                                  "logprobs", "generated"),
+    jitter: float = 0.0,
+    seed: int = 0,
+    first_sample: int = 0,
+) -> SyntheticStore:
+    """Write (or extend, with `first_sample`) a synthetic store; see the module docstring."""
+    path = Path(path)
+    samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
+    conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
+    with StoreWriter(path) as writer:
+        for k, m in enumerate(models):
+            writer.ensure_model(m.model_id, {"family": "synthetic", "n_layers": m.n_layers, "hidden_size": m.dim})
+            for i_sample, sample in zip(range(first_sample, first_sample + n_samples), samples):
+                rng = np.random.default_rng([seed, k, i_sample])
+                base = _sample_tensors(m, rng, i_sample)
+                for condition in conditions:
+                    alpha = float(condition.split("=")[1]) if condition.startswith("alpha=") else None
+                    crng = np.random.default_rng([seed, k, i_sample, sum(map(ord, condition))])
+                    tensors = _condition_tensors(m, crng, base, i_sample, condition, alpha, jitter)
+                    tensors = {name: v for name, v in tensors.items() if name in variables or name in
+                               ("position", "modality", "token_id")}
+                    attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
+                    attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
+                    writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
+    return SyntheticStore(path, tuple(models), samples, tuple(alphas), conditions)
+
+
+def _sample_tensors(m: SyntheticModel, rng: np.random.Generator, i: int) -> dict[str, np.ndarray]:
+    modality = layout(i)
+    n = len(modality)
+    logits = rng.standard_normal((m.steps, m.vocab)) * 2.0
+    return {
+        "modality": modality,
+        "token_id": rng.integers(0, m.vocab, n),
+        "keys": rng.standard_normal((n, m.n_layers, m.kv)),
+        "values": rng.standard_normal((n, m.n_layers, m.kv)),
+        "attention": rng.dirichlet(np.ones(n), size=(m.steps, m.n_layers, m.heads)).transpose(3, 0, 1, 2),
+        "prefill": rng.uniform(size=(n, m.n_layers, m.heads)),
+        "logits": logits,
+    }
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, i: int, condition: str,
+                       alpha: float | None, jitter: float) -> dict[str, Variable]:
+    with_image = condition != "none"
+    modality = layout(i, with_image)
+    n = len(modality)
+    token_id = base["token_id"] if with_image else base["token_id"][base["modality"] == "text"]
+    hidden = _hidden(m, rng, modality, i, condition, alpha, jitter)
+    keys, values = base["keys"].copy(), base["values"].copy()
+    vision = modality == "vision"
+    if alpha is not None and alpha != 1.0:
+        for layer in range(m.n_layers):
+            keys[vision, layer] = _rotate(rng, keys[vision, layer], m.kcos(alpha, layer))
+            values[vision, layer] = _rotate(rng, values[vision, layer], m.vcos(alpha, layer))
+    elif condition in ("blank", "hybrid"):
+        keys[vision] = _rotate(rng, keys[vision], 0.5)
+        values[vision] = _rotate(rng, values[vision], 0.2)
+    if not with_image:
+        keys, values = keys[base["modality"] == "text"], values[base["modality"] == "text"]
+    attention = base["attention"].copy() if with_image else None
+    if alpha == 3.0:
+        # move half of the text mass onto the vision keys, proportionally: the distribution
+        # renormalized over vision keys is unchanged, the vision mass is not
+        mass_v = attention[vision].sum(0)
+        attention[vision] *= (mass_v + (1 - mass_v) / 2) / mass_v
+        attention[~vision] *= 0.5
+    elif condition != "baseline" and alpha != 1.0:
+        attention = rng.dirichlet(np.ones(n), size=(m.steps, m.n_layers, m.heads)).transpose(3, 0, 1, 2)
+    prefill = base["prefill"] if with_image else base["prefill"][base["modality"] == "text"]
+    if condition != "baseline" and alpha != 1.0:
+        prefill = np.clip(prefill + 0.05 * rng.standard_normal(prefill.shape), 0, 1)
+    logits = base["logits"].copy()
+    if alpha == 0.1:
+        # the baseline's top token falls to rank exactly TOP_RANK_AT_0_1 at step 0
+        top = int(np.argmax(logits[0]))
+        others = np.delete(np.arange(m.vocab), top)
+        logits[0, others] += 0.2 * rng.standard_normal(m.vocab - 1)
+        ranked = np.sort(logits[0, others])[::-1]
+        logits[0, top] = (ranked[TOP_RANK_AT_0_1 - 1] + ranked[TOP_RANK_AT_0_1]) / 2
+        logits[1:] += 0.3 * rng.standard_normal(logits[1:].shape)
+    elif condition != "baseline" and alpha != 1.0:
+        scale = 0.5 if alpha is None else abs(np.log(alpha))
+        logits = logits + scale * rng.standard_normal(logits.shape)
+    logprobs = _log_softmax(logits)
+    layer, decoder_layer = np.arange(m.n_layers + 1), np.arange(m.n_layers)
+    return {
+        "position": Variable(("token",), np.arange(n, dtype=np.int64)),
+        "modality": Variable(("token",), modality.astype(str)),
+        "token_id": Variable(("token",), token_id.astype(np.int64)),
+        "hidden": Variable(("token", "layer", "dim"), hidden.astype(np.float32), {"layer": layer}),
+        "keys": Variable(("token", "decoder_layer", "kv"), keys.astype(np.float32), {"decoder_layer": decoder_layer}),
+        "values": Variable(("token", "decoder_layer", "kv"), values.astype(np.float32), {"decoder_layer": decoder_layer}),
+        "prefill_vision_mass": Variable(("token", "decoder_layer", "head"), prefill.astype(np.float32),
+                                        {"decoder_layer": decoder_layer}),
+        "decode_attention": Variable(("token", "step", "decoder_layer", "head"), attention.astype(np.float32),
+                                     {"decoder_layer": decoder_layer}),
+        "logprobs": Variable(("run", "step", "vocab"), logprobs[None].astype(np.float32)),
+        "generated": Variable(("run", "step"), logprobs.argmax(-1)[None].astype(np.int64)),
+    }

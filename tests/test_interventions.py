@@ -1,0 +1,283 @@
+"""Every intervention and capture against an independent reference: plain PyTorch forward hooks
+and plain transformers calls on the same tiny model and inputs (no nnsight)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import DynamicCache
+
+from workbench.backends.local import run_condition
+from workbench.plan import compile_plan
+from workbench.runner import LazyInputs
+from workbench.spec import parse_spec
+from workbench.data import Sample
+
+VLMS = ["tiny-smolvlm", "tiny-qwen3vl"]
+ATOL = 1e-5
+
+
+def _image() -> Image.Image:
+    img = Image.new("RGB", (96, 64), (20, 40, 160))
+    img.paste((250, 200, 0), (10, 10, 50, 40))
+    return img
+
+
+SAMPLE = Sample(id="test/0", image=_image(), question="What colour is the square?", category="color")
+
+
+def plan_for(model, conditions: str, capture: str = "[{site: layer}]", generate: int | None = None):
+    text = f"""\
+name: t
+models: [{model.model_id}]
+conditions:
+{conditions}
+capture: {capture}
+{f'generate: {{max_new_tokens: {generate}}}' if generate else ''}
+store: {{path: unused.zarr}}
+"""
+    return compile_plan(parse_spec(text), model.info)
+
+
+def run(model, plan, name):
+    inputs = LazyInputs(model, SAMPLE)
+    return run_condition(model, inputs, plan.condition(name), plan), inputs
+
+
+def decoder(model):
+    return model.hf.get_decoder()
+
+
+def hooked_residuals(model, encoding, hooks=()):
+    """Residual stream by the workbench convention, read with forward pre-hooks."""
+    seen = []
+    layers = list(decoder(model).layers) + [decoder(model).norm]
+    # edits first, so the capture pre-hooks (registered after) see the edited residual
+    handles = [module.register_forward_pre_hook(fn) for module, fn in getattr(hooks, "pre", ())]
+    handles += [m.register_forward_pre_hook(lambda m, a: seen.append(a[0][0].detach().clone())) for m in layers]
+    handles += [module.register_forward_hook(fn) for module, fn in hooks]
+    try:
+        model.prepare()
+        with torch.inference_mode():
+            out = model.hf(**encoding)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(seen, dim=1).numpy(), out
+
+
+def pre_hook_edit(index, fn):
+    """A forward pre-hook that edits positions `index` of a module's first input."""
+    def hook(module, args):
+        x = args[0].clone()
+        x[:, index] = fn(x[:, index])
+        return (x, *args[1:])
+    return hook
+
+
+class Hooks(list):
+    pre: list
+
+
+def with_pre(forward=(), pre=()):
+    hooks = Hooks(forward)
+    hooks.pre = list(pre)
+    return hooks
+
+
+def projector_modules(model):
+    if model.arch.family == "qwen3vl":
+        return [model.hf.model.visual.merger, *model.hf.model.visual.deepstack_merger_list]
+    return [model.hf.model.connector]
+
+
+# ------------------------------------------------------------------------------ interventions
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_scale_layer_text_positions(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  c: {interventions: [{kind: scale, site: layer, layers: [1, 2], positions: text, factor: 0.3}]}")
+    result, inputs = run(model, plan, "c")
+    enc = inputs["real"].encoding
+    text = torch.as_tensor(np.flatnonzero(inputs["real"].modality == "text"))
+    layers = decoder(model).layers
+    ref, _ = hooked_residuals(model, enc, with_pre(pre=[(layers[l], pre_hook_edit(text, lambda x: x * 0.3)) for l in (1, 2)]))
+    np.testing.assert_allclose(result.tokens["hidden"], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_zero_embed_boundary(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  c: {interventions: [{kind: zero, site: embed, positions: boundary}]}")
+    result, inputs = run(model, plan, "c")
+    idx = torch.as_tensor(np.flatnonzero(inputs["real"].modality == "boundary"))
+    assert len(idx) > 0
+
+    def zero_rows(module, args, out):
+        out = out.clone()
+        out[:, idx] = 0
+        return out
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre([(model.hf.get_input_embeddings(), zero_rows)]))
+    np.testing.assert_allclose(result.tokens["hidden"], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_normalize_projector_to_text_embedding_norm(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  c: {interventions: [{kind: normalize}]}")
+    result, inputs = run(model, plan, "c")
+    target = model.hf.get_input_embeddings().weight.detach().norm(dim=-1).mean()
+    hooks = [(m, lambda m, i, o: o * (target / o.norm(dim=-1, keepdim=True))) for m in projector_modules(model)]
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(hooks))
+    np.testing.assert_allclose(result.tokens["hidden"], ref, atol=ATOL, rtol=0)
+    vision = inputs["real"].modality == "vision"
+    if model.arch.family == "smolvlm":  # layer 0 vision rows are exactly the projector output
+        np.testing.assert_allclose(np.linalg.norm(result.tokens["hidden"][vision, 0], axis=-1), float(target), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_add_vector_at_layer(load_tiny, name):
+    model = load_tiny(name)
+    vec = np.linspace(-1, 1, model.info.hidden_size).round(3).tolist()
+    plan = plan_for(model, f"  c: {{interventions: [{{kind: add, site: layer, layers: [2], positions: vision, vector: {vec}, factor: 2.0}}]}}")
+    result, inputs = run(model, plan, "c")
+    idx = torch.as_tensor(np.flatnonzero(inputs["real"].modality == "vision"))
+    v = torch.tensor(vec)
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(pre=[(decoder(model).layers[2], pre_hook_edit(idx, lambda x: x + 2.0 * v))]))
+    np.testing.assert_allclose(result.tokens["hidden"], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_patch_and_add_direction_from_blank(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  blank: {image: blank}
+  patched: {interventions: [{kind: patch, site: layer, layers: [1], positions: vision, from: blank}]}
+  pushed: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction_from: blank, factor: 0.5}]}""")
+    patched, inputs = run(model, plan, "patched")
+    pushed, _ = run(model, plan, "pushed")
+    real, blank = inputs["real"], inputs["blank"]
+    np.testing.assert_array_equal(real.input_ids, blank.input_ids)
+    clean, _ = hooked_residuals(model, real.encoding)
+    donor, _ = hooked_residuals(model, blank.encoding)
+    vision = torch.as_tensor(np.flatnonzero(real.modality == "vision"))
+    text = torch.as_tensor(np.flatnonzero(real.modality == "text"))
+    layer1 = decoder(model).layers[1]
+    ref, _ = hooked_residuals(model, real.encoding, with_pre(pre=[(layer1, pre_hook_edit(vision, lambda x: torch.from_numpy(donor[vision.numpy(), 1])[None]))]))
+    np.testing.assert_allclose(patched.tokens["hidden"], ref, atol=ATOL, rtol=0)
+    direction = torch.from_numpy((donor[text.numpy(), 1] - clean[text.numpy(), 1]).mean(0))
+    ref, _ = hooked_residuals(model, real.encoding, with_pre(pre=[(layer1, pre_hook_edit(text, lambda x: x + 0.5 * direction))]))
+    np.testing.assert_allclose(pushed.tokens["hidden"], ref, atol=ATOL, rtol=0)
+
+
+def test_qwen_projector_alpha_zero_equals_zero_image_and_deepstack_features(load_tiny):
+    model = load_tiny("tiny-qwen3vl")
+    plan = plan_for(model, "  a0: {interventions: [{kind: scale, site: projector, positions: vision, factor: 0.0}]}\n"
+                           "  m0: {interventions: [{kind: scale, site: projector.merger, positions: vision, factor: 0.0}]}")
+    full, inputs = run(model, plan, "a0")
+    merger_only, _ = run(model, plan, "m0")
+    hooks = [(m, lambda m, i, o: torch.zeros_like(o)) for m in projector_modules(model)]
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(hooks))
+    np.testing.assert_allclose(full.tokens["hidden"], ref, atol=ATOL, rtol=0)
+    assert np.abs(full.tokens["hidden"] - merger_only.tokens["hidden"]).max() > 1e-4
+
+
+# ------------------------------------------------------------------------------ image modes
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_image_none_and_blank(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  blank: {image: blank}\n  none: {image: none}")
+    _, inputs = run(model, plan, "none")
+    none, real, blank = inputs["none"], inputs["real"], inputs["blank"]
+    assert set(none.modality) == {"text"} and none.n_tokens < real.n_tokens
+    np.testing.assert_array_equal(blank.input_ids, real.input_ids)
+    assert not torch.equal(blank.encoding["pixel_values"], real.encoding["pixel_values"])
+
+
+# ------------------------------------------------------------------------------ captures
+
+
+@pytest.mark.parametrize("name", VLMS + ["tiny-llama"])
+def test_logprobs_generation_attention_and_kv_match_transformers(load_tiny, name):
+    model = load_tiny(name, attn="eager")
+    plan = plan_for(model, "  baseline: {}", "[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}]", generate=3)
+    result, inputs = run(model, plan, "baseline")
+    enc = inputs["real"].encoding
+    n = inputs["real"].n_tokens
+    model.prepare()
+    cache = DynamicCache()
+    with torch.inference_mode():
+        out = model.hf(**enc, output_attentions=True, cache=cache, use_cache=True)
+    np.testing.assert_allclose(result.run["logprobs"][0, 0], torch.log_softmax(out.logits[0, -1], -1).numpy(), atol=ATOL)
+    vision = torch.as_tensor(inputs["real"].modality == "vision")
+    for l, attn in enumerate(out.attentions):
+        np.testing.assert_allclose(result.tokens["prefill_vision_mass"][:, l], attn[0][:, :, vision].sum(-1).T.numpy(), atol=ATOL)
+        np.testing.assert_allclose(result.tokens["decode_attention"][:, 0, l], attn[0][:, -1, :].T.numpy(), atol=ATOL)
+        keys = cache.layers[l].keys[0].permute(1, 0, 2).reshape(n, -1).numpy()
+        values = cache.layers[l].values[0].permute(1, 0, 2).reshape(n, -1).numpy()
+        np.testing.assert_allclose(result.tokens["keys"][:, l], keys, atol=ATOL)
+        np.testing.assert_allclose(result.tokens["values"][:, l], values, atol=ATOL)
+    model.prepare()
+    with torch.inference_mode():
+        generated = model.hf.generate(**enc, max_new_tokens=3, do_sample=False, output_scores=True,
+                                      return_dict_in_generate=True, output_attentions=True)
+    np.testing.assert_array_equal(result.run["generated"][0], generated.sequences[0, n:].numpy())
+    for step, scores in enumerate(generated.scores):
+        np.testing.assert_allclose(result.run["logprobs"][0, step], torch.log_softmax(scores[0].float(), -1).numpy(), atol=1e-4)
+    # decode-step attention of step 2 (query = generated token 1) over the prompt keys
+    last = generated.attentions[2]
+    for l, attn in enumerate(last):
+        np.testing.assert_allclose(result.tokens["decode_attention"][:, 2, l], attn[0][:, -1, :n].T.numpy(), atol=ATOL)
+
+
+# ------------------------------------------------------------------------------ KV swap
+
+
+def _reference_hybrid(model, real, blank, positions, layers):
+    """Plain transformers: prefill all but the last token for real and blank, copy blank's K/V at
+    `positions` into real's cache, run the last token as a decode step."""
+    def prefill(inputs):
+        cache = DynamicCache()
+        enc = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v) for k, v in inputs.encoding.items()}
+        model.prepare()
+        with torch.inference_mode():
+            model.hf(**enc, cache=cache, use_cache=True)
+        return cache
+    cache, donor = prefill(real), prefill(blank)
+    with torch.inference_mode():
+        for l in layers:
+            cache.layers[l].keys[:, :, positions] = donor.layers[l].keys[:, :, positions]
+            cache.layers[l].values[:, :, positions] = donor.layers[l].values[:, :, positions]
+        out = model.hf(input_ids=torch.as_tensor(real.input_ids[-1:]).view(1, 1), cache=cache, use_cache=True)
+    return torch.log_softmax(out.logits[0, -1], -1).numpy()
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_kv_swap(load_tiny, name):
+    model = load_tiny(name, attn="sdpa")
+    plan = plan_for(model, """\
+  baseline: {}
+  blank: {image: blank}
+  self: {kv_swap: {donor: self}}
+  hybrid: {kv_swap: {donor: blank}}""", "[{site: logits}, {site: layer}]")
+    base, inputs = run(model, plan, "baseline")
+    self_swap, _ = run(model, plan, "self")
+    hybrid, _ = run(model, plan, "hybrid")
+    blank, _ = run(model, plan, "blank")
+    lp = lambda r: r.run["logprobs"][0, 0]
+    # a self-donor (an untouched cache) continues to the full-prefill distribution
+    np.testing.assert_allclose(lp(self_swap), lp(base), atol=ATOL)
+    np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
+    # a blank donor changes it, exactly as the plain-transformers reference does
+    assert np.abs(lp(hybrid) - lp(base)).max() > 1e-3
+    vision = np.flatnonzero(inputs["real"].modality == "vision")
+    ref = _reference_hybrid(model, inputs["real"], inputs["blank"], torch.as_tensor(vision), range(model.n_layers))
+    np.testing.assert_allclose(lp(hybrid), ref, atol=ATOL)
+    # rows before the last token are the real prefill's; the hybrid is neither real nor blank
+    np.testing.assert_allclose(hybrid.tokens["hidden"][:-1], base.tokens["hidden"][:-1], atol=ATOL)
+    assert np.abs(lp(hybrid) - lp(blank)).max() > 1e-3
