@@ -46,6 +46,8 @@ import zarr
 
 from workbench.store import ANALYSIS_KIND, model_key, open_store
 
+from .streaming import as_str
+
 CACHE_GROUP = "_analyses"
 STORE_ATTR = "workbench_store"
 COMPUTED: Counter = Counter()  # analysis name -> times computed in this process (not read from cache)
@@ -66,8 +68,7 @@ def _label_frame(ds: xr.Dataset, dim: str) -> pd.DataFrame:
     if dim not in ds.dims:
         return pd.DataFrame()
     names = list(ds.indexes[dim].names) if dim in ds.indexes else [c for c in ds.coords if ds[c].dims == (dim,)]
-    return pd.DataFrame({n: np.asarray(ds[n].values).astype(str if ds[n].dtype.kind not in "fiub" else ds[n].dtype)
-                         for n in names})
+    return pd.DataFrame({n: ds[n].values if ds[n].dtype.kind in "fiub" else as_str(ds[n].values) for n in names})
 
 
 def _hash_frame(frame: pd.DataFrame) -> str:
@@ -123,8 +124,9 @@ def _for_zarr(result: xr.Dataset) -> xr.Dataset:
 
 def _from_zarr(result: xr.Dataset) -> xr.Dataset:
     for name, var in list(result.variables.items()):
-        if var.dtype.kind in "OT" or str(var.dtype).startswith("StringDType"):
-            result[name] = var.astype(str)
+        if var.dtype.kind in "OTU" or str(var.dtype).startswith("StringDType"):
+            labels = (var.dims, as_str(var.values))
+            result = result.assign_coords({name: labels}) if name in result.coords else result.assign({name: labels})
     return result
 
 

@@ -6,6 +6,10 @@ Definitions:
   mean over samples (each sample weighs the same, however many tokens it has);
 - vision/text norm ratio at layer l: mean vision norm / mean text norm, per sample, averaged over
   samples (layer 0 is the LLM input: the study's table).
+
+`norm_curves` and `vision_text_ratio` read the cached streaming pass `residual.residual_geometry`
+and carry 95% bootstrap CIs over samples (`bootstrap.summarize`); `norm_ratio` / `norm_table`
+(the summary printed after `workbench run`) read one layer only and give the same estimates.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
+
+from .bootstrap import N_RESAMPLES, SEED, summarize
+from .residual import residual_geometry
+from .streaming import condition_sort_key  # noqa: F401  (re-exported: workbench.cli uses it from here)
 
 
 def token_norms(ds: xr.Dataset) -> xr.DataArray:
@@ -48,18 +56,6 @@ def norm_ratio(ds: xr.Dataset, layer: int = 0) -> pd.Series:
     return ratio.rename("vision/text norm ratio")
 
 
-def condition_sort_key(name: str) -> tuple:
-    """Baseline first, then conditions by name with swept values in numeric order."""
-    parts = []
-    for part in name.split(","):
-        key, _, value = part.partition("=")
-        try:
-            parts.append((key, float(value)))
-        except ValueError:
-            parts.append((part, float("-inf")))
-    return (name != "baseline", parts)
-
-
 def norm_table(store: str | Path, layer: int = 0) -> str:
     """Markdown: model | condition | vision/text norm ratio at `layer` (n samples)."""
     from workbench.store import list_models, open_store
@@ -78,3 +74,22 @@ def norm_table(store: str | Path, layer: int = 0) -> str:
 
 def print_norm_table(store: str | Path) -> None:
     print(norm_table(store))
+
+
+def norm_curves(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
+                n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+    """Mean token norm ‖h_l‖₂ per (condition, modality, layer) with its bootstrap CI (`stat` dim);
+    `per_sample=True`: the per-sample means (condition, sample, modality, layer) instead."""
+    values = residual_geometry(ds, force=force, cache=cache)["norm"].rename("norm")
+    return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
+
+
+def vision_text_ratio(ds: xr.Dataset, layer: int | None = 0, *, per_sample: bool = False, force: bool = False,
+                      cache: bool = True, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+    """Vision/text norm ratio per condition at `layer` (None: every layer): per sample
+    mean vision norm / mean text norm, then the mean over samples with its bootstrap CI."""
+    norms = residual_geometry(ds, force=force, cache=cache)["norm"]
+    ratio = (norms.sel(modality="vision", drop=True) / norms.sel(modality="text", drop=True)).rename("norm_ratio")
+    if layer is not None:
+        ratio = ratio.sel(layer=layer, drop=True)
+    return ratio if per_sample else summarize(ratio, n_resamples=n_resamples, seed=seed)

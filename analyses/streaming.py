@@ -64,8 +64,10 @@ class Layout:
                 for name, values in self.sweep.items()}
 
 
-def _as_str(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values).astype(str)
+def as_str(values) -> np.ndarray:
+    """Labels as a fixed-width numpy str array (zarr v3 strings open as numpy StringDType, which
+    cannot be cast to `str` directly)."""
+    return np.asarray(values).astype(object).astype(str)
 
 
 def layout(ds: xr.Dataset, dim: str = "token") -> Layout:
@@ -76,13 +78,13 @@ def layout(ds: xr.Dataset, dim: str = "token") -> Layout:
     index_names = list(ds.indexes[dim].names) if dim in ds.indexes else []
     known = {prefix + n for n in TOKEN_LABELS}
     sweep_names = [n for n in index_names if n not in known]
-    condition = _as_str(ds[prefix + "condition"].values)
-    sample = _as_str(ds[prefix + "sample"].values)
+    condition = as_str(ds[prefix + "condition"].values)
+    sample = as_str(ds[prefix + "sample"].values)
     conditions = sorted(set(condition.tolist()), key=condition_sort_key)
     samples = sorted(set(sample.tolist()))
     sample_code = pd.Index(samples).get_indexer(sample)
     if dim == "token":
-        modality_code = pd.Index(list(MODALITIES)).get_indexer(_as_str(ds["modality"].values))
+        modality_code = pd.Index(list(MODALITIES)).get_indexer(as_str(ds["modality"].values))
         position = np.asarray(ds["position"].values).astype(np.int64)
         token_id = np.asarray(ds["token_id"].values).astype(np.int64)
     else:

@@ -1,0 +1,60 @@
+"""The study's shipped specs validate as written (real models, DatBench) and run offline on the
+tiny models and the built-in samples, unchanged but for the CLI overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import workbench
+from workbench.cli import main
+from workbench.spec import load_spec
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+STUDY = ["norm_gap", "image_ablation", "alpha_sweep", "kv_swap"]
+
+
+@pytest.mark.parametrize("name", STUDY)
+def test_study_spec_names_the_real_models_and_datbench(name):
+    spec = load_spec(SPECS / f"{name}.yaml")
+    assert spec.models == ["HuggingFaceTB/SmolVLM2-2.2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"]
+    assert (spec.data.source, spec.data.n, spec.data.exclude) == ("datbench", 10, ["math"])
+
+
+@pytest.fixture(scope="module")
+def study_stores(tmp_path_factory, workbench_cache):
+    root = tmp_path_factory.mktemp("study")
+    stores = {}
+    for name in STUDY:
+        stores[name] = root / f"{name}.zarr"
+        argv = ["run", str(SPECS / f"{name}.yaml"), "--models", "tiny-smolvlm,tiny-qwen3vl", "--data", "builtin",
+                "--limit", "2", "--store", str(stores[name]), "--no-progress", "--no-table"]
+        assert main(argv) == 0
+    return stores
+
+
+@pytest.mark.parametrize("name", STUDY)
+def test_study_spec_runs_offline_on_both_tiny_models(study_stores, name):
+    tree = workbench.open_store(study_stores[name])
+    assert sorted(tree.children) == ["tiny-qwen3vl", "tiny-smolvlm"]
+    for model in ("tiny-smolvlm", "tiny-qwen3vl"):
+        ds = workbench.open_store(study_stores[name], model=model)
+        assert len(np.unique(ds.sample.values)) == 2
+
+
+def test_study_stores_hold_what_the_analyses_need(study_stores):
+    ds = workbench.open_store(study_stores["image_ablation"], model="tiny-qwen3vl")
+    none = ds.sel(condition="none")
+    assert set(np.unique(none.modality.values)) == {"text"}
+    real, blank = ds.sel(condition="baseline"), ds.sel(condition="blank")
+    np.testing.assert_array_equal(real.token_id.values, blank.token_id.values)
+    alpha = workbench.open_store(study_stores["alpha_sweep"], model="tiny-smolvlm")
+    assert sorted(set(alpha.alpha.values[~np.isnan(alpha.alpha.values)])) == [0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 1.0, 3.0]
+    for name in ("keys", "values", "decode_attention", "prefill_vision_mass", "logprobs"):
+        assert name in alpha
+    one = alpha.logprobs.sel(run_condition="alpha=1.0").values
+    np.testing.assert_allclose(one, alpha.logprobs.sel(run_condition="baseline").values, atol=1e-6)
+    swap = workbench.open_store(study_stores["kv_swap"], model="tiny-qwen3vl")
+    assert set(swap.run_condition.values) == {"baseline", "blank", "hybrid"}
