@@ -73,8 +73,11 @@ def summarize(per_sample: xr.DataArray | xr.Dataset, dim: str = "sample", stat: 
               n_resamples: int = N_RESAMPLES, seed: int = SEED, level: float = LEVEL) -> xr.DataArray | xr.Dataset:
     """Estimate and bootstrap CI over `dim` of every element of `per_sample` (see module doc)."""
     if isinstance(per_sample, xr.Dataset):
-        return xr.Dataset({name: summarize(v, dim, stat, n_resamples, seed, level)
-                           for name, v in per_sample.data_vars.items()}, attrs=per_sample.attrs)
+        parts = {name: summarize(v, dim, stat, n_resamples, seed, level) for name, v in per_sample.data_vars.items()}
+        counts = [p["n_samples"].values for p in parts.values()]
+        if any(not np.array_equal(counts[0], c) for c in counts[1:]):  # variables differ in samples present
+            parts = {name: p.rename(n_samples=f"n_samples_{name}") for name, p in parts.items()}
+        return xr.Dataset(parts, attrs=per_sample.attrs)
     da = per_sample.transpose(..., dim)
     result = bootstrap_array(da.values, stat, n_resamples, seed, level)
     dims = [d for d in da.dims if d != dim]

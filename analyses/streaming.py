@@ -234,3 +234,15 @@ def per_group_dataset(lay: Layout, means: dict[str, np.ndarray], conditions: lis
     coords.update(extra_coords)
     coords.update(lay.sweep_coords(conditions))
     return xr.Dataset({name: (dims, value) for name, value in means.items()}, coords=coords)
+
+
+def iter_paired_blocks(data, rows_a: np.ndarray, rows_b: np.ndarray, block_bytes: int | None = None
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(rows_a part, rows_b part, values at rows_a part, values at rows_b part) of a 2-D+ array
+    (rows first), in pieces of at most `block_bytes` of decoded data for both sides together."""
+    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
+    row_bytes = max(1, int(np.prod(data.shape[1:], dtype=np.int64)) * data.dtype.itemsize * 2)
+    step = max(1, block_bytes // row_bytes)
+    for start in range(0, len(rows_a), step):
+        a, b = rows_a[start:start + step], rows_b[start:start + step]
+        yield a, b, load(data, a), load(data, b)

@@ -67,11 +67,11 @@ class SyntheticModel:
 
     def kcos(self, alpha: float, layer: int | np.ndarray) -> np.ndarray:
         """cos(K', K) at vision rows under α (1 at α = 1)."""
-        return np.cos(np.minimum(0.3 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
+        return np.cos(np.minimum(0.2 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
 
     def vcos(self, alpha: float, layer: int | np.ndarray) -> np.ndarray:
         """cos(V', V) at vision rows under α (1 at α = 1): values turn faster than keys."""
-        return np.cos(np.minimum(0.7 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
+        return np.cos(np.minimum(0.5 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
 
 
 DEFAULT_MODELS = (

@@ -281,3 +281,38 @@ def test_kv_swap(load_tiny, name):
     # rows before the last token are the real prefill's; the hybrid is neither real nor blank
     np.testing.assert_allclose(hybrid.tokens["hidden"][:-1], base.tokens["hidden"][:-1], atol=ATOL)
     assert np.abs(lp(hybrid) - lp(blank)).max() > 1e-3
+
+
+# ------------------------------------------------------------------------------ non-finite captures
+
+
+def test_nan_and_inf_are_reported_per_layer_and_counted_in_the_store(tmp_path, capsys, workbench_cache):
+    """Scales that overflow float32 at residual layer 2: the run reports the Inf per
+    (model, sample, condition, variable, layer) and stores the count in `nonfinite`."""
+    from workbench.cli import main
+
+    store = tmp_path / "nan.zarr"
+    spec = tmp_path / "nan.yaml"
+    spec.write_text(f"""\
+name: nan
+models: [tiny-llama]
+data: {{source: builtin, n: 1}}
+conditions:
+  baseline: {{}}
+  broken:
+    interventions:   # two float32-finite scales whose product overflows at layer 2
+      - {{kind: scale, site: layer, layers: [1], positions: [0], factor: 1.0e+30}}
+      - {{kind: scale, site: layer, layers: [2], positions: [0], factor: 1.0e+30}}
+capture: [{{site: layer}}]
+store: {{path: {store}}}
+""")
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-llama | builtin/counting/000 | broken | hidden layer 2: 0 NaN, " in out
+    assert "layer 0" not in out and "| baseline |" not in out
+    import workbench
+    ds = workbench.open_store(store, model="tiny-llama")
+    assert int(ds.nonfinite.sel(run_condition="broken").values[0]) == 1
+    assert int(ds.nonfinite.sel(run_condition="baseline").values[0]) == 0
+    hidden = ds.hidden.sel(condition="broken", position=0, layer=2).values
+    assert np.isinf(hidden).any()  # stored as is, not clipped

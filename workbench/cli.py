@@ -52,6 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto", progress=not args.no_progress)
     print(f"wrote {summary.written} and skipped {summary.skipped} of {summary.total} "
           f"(model, sample, condition) results into {summary.store}")
+    if summary.nonfinite:
+        print(f"warning: {len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in "
+              f"the 'nonfinite' variable):", *summary.nonfinite[:20], sep="\n  ")
     if not args.no_table and summary.total:
         from analyses.norms import print_norm_table
 
@@ -76,6 +79,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             variables = ", ".join(f"{k}{tuple(v['shape'])}" for k, v in c["variables"].items())
             layers = f"{len(c['layers'])}" if c["layers"] else "-"
             print(f"  {name:<20} {c['samples']:>7} {c['tokens']:>8} {layers:>8} {c['bytes'] / 1e6:>8.2f}  {variables}")
+            if c.get("nonfinite_runs"):
+                print(f"    {c['nonfinite_runs']} run(s) with NaN/Inf captures (see the 'nonfinite' variable)")
             for d in c["damage"]:
                 damaged = True
                 print(f"    DAMAGE (uncommitted rows, hidden from readers; the next run repairs them): {d}")

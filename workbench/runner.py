@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from .checks import nonfinite_report
 from .plan import ModelPlan, compile_plan
 from .store import StoreWriter, Variable
 
@@ -40,6 +41,7 @@ class RunSummary:
     skipped: int = 0
     total: int = 0
     repairs: list[str] = field(default_factory=list)
+    nonfinite: list[str] = field(default_factory=list)  # model | sample | condition | variable layer: counts
 
 
 def package_versions() -> dict[str, str | None]:
@@ -136,10 +138,13 @@ def run_spec(
             bar.set_description(f"{model_id} | {sample.id} | {condition.name}")
             result = _execute(model, inputs_by_image, condition, plan)
             inputs = inputs_by_image[condition.image]
-            store.write_sample(
-                model_id, condition.name, sample.id, sample_variables(inputs, result, plan.capture.coords()),
-                condition_attrs=condition.store_attrs(),
-            )
+            variables = sample_variables(inputs, result, plan.capture.coords())
+            problems = nonfinite_report(variables)
+            variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
+            for line in problems:
+                summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
+                bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
+            store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
             summary.written += 1
             bar.update(1)
         bar.close()

@@ -449,6 +449,7 @@ def store_info(path: str | Path) -> dict[str, Any]:
                 "layers": [int(x) for x in group["layer"][:]] if "layer" in group else [],
                 "bytes": _disk_bytes(path / key / condition),
                 "damage": _damage(group),
+                "nonfinite_runs": int((np.asarray(group["nonfinite"][: len(samples)]) > 0).sum()) if "nonfinite" in group else 0,
                 "sweep": dict(group.attrs.get("sweep") or {}),
             }
         info["models"][model.attrs.get("model_id", key)] = {"key": key, "conditions": conditions, **{

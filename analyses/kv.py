@@ -1,0 +1,90 @@
+"""The KV cache under intervention: key/value cosines (Experiment 2) and KV substitution (Experiment 3).
+
+- cos(K′, K) at decoder layer l: for a token of a condition and the same token (sample, position,
+  same token sequence) of the reference, the cosine of the two flattened key vectors
+  (kv = kv_heads · head_dim, after RoPE: the KV cache's content); averaged over the tokens of a
+  (condition, sample, modality), then (table) over layers per sample, then over samples with a
+  95% bootstrap CI. cos(V′, V) the same for values. The study reports vision tokens.
+- KV substitution: with z_real, z_blank and z_hybrid the next-token distributions (step 0) of the
+  real image, the blank image, and the real image decoding from a KV cache whose vision positions
+  hold the blank image's keys/values: D_KL(z_real ‖ z_hybrid) and D_KL(z_blank ‖ z_hybrid) per
+  sample (as in `logits.kl_from_logprobs`), mean over samples with a 95% bootstrap CI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from workbench.store import MODALITIES
+
+from .bootstrap import N_RESAMPLES, SEED, summarize
+from .cache import MissingInputs, cached
+from .logits import next_token_comparison
+from .streaming import GroupSums, iter_paired_blocks, layer_values, layout, pair_rows, per_group_dataset
+
+
+def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of matching rows (last axis), float64; NaN for a zero vector."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+
+
+def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
+    lay = layout(ds, "token")
+    if reference not in lay.condition_rows:
+        raise MissingInputs(f"K/V cosines need the reference condition {reference!r}")
+    names = [n for n in ("keys", "values") if n in ds.data_vars]
+    dim, layers = layer_values(ds, ds[names[0]])
+    n_mod = len(MODALITIES)
+    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    for c, condition in enumerate(lay.conditions):
+        rows_c, rows_r = pair_rows(lay, condition, reference)
+        if not len(rows_c):
+            continue
+        for name in names:
+            for i in range(len(layers)):
+                acc = GroupSums(len(lay.samples) * n_mod, ())
+                part = ds[name].isel({dim: i}).data                     # (token, kv)
+                for a, _, x, y in iter_paired_blocks(part, rows_c, rows_r):
+                    acc.add(lay.sample_code[a] * n_mod + lay.modality_code[a], row_cosine(x, y))
+                out[f"cos_{name[0]}"][c, :, :, i] = acc.mean().reshape(len(lay.samples), n_mod)
+    return per_group_dataset(lay, out, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
+
+
+@cached("kv_cosine", version=1, variables=("keys", "values"))
+def kv_cosine_per_sample(ds: xr.Dataset, reference: str = "baseline") -> xr.Dataset:
+    """Per (condition, sample, modality, decoder_layer): mean over tokens of cos(K′, K) (`cos_k`)
+    and cos(V′, V) (`cos_v`) against the same token of `reference`."""
+    return _kv_cosine(ds, reference)
+
+
+def kv_cosine(ds: xr.Dataset, reference: str = "baseline", modality: str = "vision", *, per_layer: bool = False,
+              per_sample: bool = False, force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES,
+              seed: int = SEED) -> xr.Dataset:
+    """cos(K′, K) and cos(V′, V) at `modality` tokens per condition (per_layer: and layer), with CIs."""
+    values = kv_cosine_per_sample(ds, reference, force=force, cache=cache).sel(modality=modality, drop=True)
+    values = values[["cos_k", "cos_v"]]
+    if not per_layer:
+        values = values.mean("decoder_layer")
+    values.attrs = {"reference": reference, "modality": modality}
+    return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
+
+
+def kv_substitution(ds: xr.Dataset, real: str = "baseline", blank: str = "blank", hybrid: str = "hybrid",
+                    step: int = 0, *, per_sample: bool = False, force: bool = False, cache: bool = True,
+                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
+    """D_KL(z_real ‖ z_hybrid) (`kl_real_hybrid`) and D_KL(z_blank ‖ z_hybrid) (`kl_blank_hybrid`)."""
+    runs = layout(ds, "run")
+    missing = [c for c in (real, blank, hybrid) if c not in runs.condition_rows]
+    if "logprobs" not in ds.data_vars or missing:
+        raise MissingInputs("KV substitution needs logprobs and the conditions "
+                            f"{real!r}, {blank!r}, {hybrid!r}" + (f" (missing: {', '.join(missing)})" if missing else ""))
+    out = xr.Dataset({
+        "kl_real_hybrid": next_token_comparison(ds, real, step, [hybrid], force=force, cache=cache)["kl"],
+        "kl_blank_hybrid": next_token_comparison(ds, blank, step, [hybrid], force=force, cache=cache)["kl"],
+    }).sel(condition=hybrid, drop=True)
+    out = out.drop_vars([c for c in out.coords if c != "sample"])
+    out.attrs = {"real": real, "blank": blank, "hybrid": hybrid, "step": step}
+    return out if per_sample else summarize(out, n_resamples=n_resamples, seed=seed)

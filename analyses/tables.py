@@ -1,0 +1,361 @@
+"""The study's tables, over every model of a store, as markdown and as labeled xarray data.
+
+Every number is an estimate with its 95% bootstrap CI over samples, written `value [low, high]`.
+Each table is built from the per-model functions of the analysis modules, so a Python user gets
+the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
+
+| table             | rows                 | columns (function)                                                   |
+|-------------------|----------------------|-----------------------------------------------------------------------|
+| `norm-ratio`      | model                | vision/text norm ratio at layer 0 (`norms.vision_text_ratio`)         |
+| `first-update`    | model × modality     | ‖u₁‖/‖h₀‖ (`updates.relative_update`), cos(h₁,h₀) (`rotation.cosine_to_first`) |
+| `correlation`     | model                | per compared condition: norm and cosine text-curve r (`correlation.text_curve_correlation`) |
+| `alpha`           | model × α            | norm ratio, attention KL (`attention.vision_attention_kl`), logit KL (`logits.logit_kl`), median rank (`logits.median_rank`) |
+| `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
+| `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid) (`kv.kv_substitution`)           |
+
+A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
+saying what is missing; a table no model can fill is skipped with that line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import xarray as xr
+
+from workbench.store import list_models
+
+from . import attention, correlation, kv, logits, norms, rotation, updates
+from .bootstrap import N_RESAMPLES, SEED
+from .cache import CACHE_GROUP, MissingInputs, open_model
+from .streaming import condition_sort_key, layout
+
+TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
+
+
+@dataclass
+class Options:
+    """Condition names and bootstrap settings shared by every table."""
+
+    reference: str = "baseline"     # the real image, unmodified
+    blank: str = "blank"            # blank image of the same size
+    text_only: str = "none"         # image removed
+    hybrid: str = "hybrid"          # real image, decoding from the blank image's visual KV cache
+    sweep: str = "alpha"            # the swept variable of the α tables
+    step: int = 0                   # decode step of the KLs and ranks
+    n_resamples: int = N_RESAMPLES
+    seed: int = SEED
+    force: bool = False             # recompute cached analyses
+
+    def boot(self) -> dict[str, Any]:
+        return {"n_resamples": self.n_resamples, "seed": self.seed}
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: xr.Dataset | None = None
+    skipped: str | None = None
+
+    def markdown(self) -> str:
+        if self.skipped:
+            return f"*{self.title}: skipped — {self.skipped}*"
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        if self.notes:
+            lines += [""] + [f"{note}  " for note in self.notes]
+        return "\n".join(lines)
+
+
+def cell(estimate: xr.DataArray, digits: int = 2) -> str:
+    """`value [low, high]` of a summarized scalar (dim `stat`)."""
+    v, lo, hi = (float(estimate.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
+    if not math.isfinite(v):
+        return "n/a"
+    fmt = f"{{:.{digits}f}}"
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _ci_note(options: Options, counts: dict[str, set[int]]) -> str:
+    per_model = "; ".join(f"{m}: n = {', '.join(str(n) for n in sorted(ns))}" for m, ns in counts.items() if ns)
+    return (f"Estimates are means over samples (median ranks: medians) with a 95% bootstrap CI over samples "
+            f"in brackets ({options.n_resamples} resamples, seed {options.seed}); samples per model: {per_model}.")
+
+
+def _n(estimate: xr.DataArray) -> int:
+    for name in estimate.coords:
+        if str(name).startswith("n_samples"):
+            return int(estimate[name].max())
+    return 0
+
+
+def _missing(ds: xr.Dataset, variables: tuple[str, ...] = (), conditions: tuple[str, ...] = (),
+             layers: tuple[int, ...] = ()) -> list[str]:
+    missing = [v for v in variables if v not in ds.data_vars]
+    present = set()
+    for dim in ("token", "run"):
+        present |= set(layout(ds, dim).conditions)
+    missing += [f"condition {c!r}" for c in conditions if c not in present]
+    if layers and "hidden" in ds.data_vars:
+        stored = set(np.asarray(ds["layer"].values).tolist()) if "layer" in ds.coords else set()
+        missing += [f"layer {l}" for l in layers if l not in stored]
+    return missing
+
+
+def _sweep_conditions(ds: xr.Dataset, sweep: str, dim: str = "token") -> list[tuple[str, float, str]]:
+    """(condition, swept value, label) of every condition with a value of `sweep`, by value."""
+    lay = layout(ds, dim)
+    values = lay.sweep.get(sweep, {})
+    out = []
+    for condition in lay.conditions:
+        value = values.get(condition, math.nan)
+        if math.isfinite(value):
+            others = [f"{k}={v[condition]:g}" for k, v in lay.sweep.items()
+                      if k != sweep and math.isfinite(v.get(condition, math.nan))]
+            out.append((condition, value, f"{value:g}" + (f" ({', '.join(others)})" if others else "")))
+    return sorted(out, key=lambda t: (t[1], condition_sort_key(t[0])))
+
+
+def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
+    """`data` with a leading `model` dim on every variable and non-index coordinate."""
+    data = data.expand_dims(model=[model])
+    extra = {c: data[c].variable.expand_dims("model") for c in data.coords if c not in data.indexes}
+    return data.assign_coords(extra)
+
+
+class _Builder:
+    """Runs one table over every model: rows from `fill(model, ds)`, a line for every model that
+    lacks inputs, the whole table skipped if none has them."""
+
+    def __init__(self, name: str, title: str, columns: list[str], options: Options):
+        self.table = Table(name, title, columns)
+        self.options = options
+        self.missing: list[str] = []
+        self.counts: dict[str, set[int]] = {}
+        self.data: list[xr.Dataset] = []
+
+    def run(self, models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]],
+            fill: Callable[[str, xr.Dataset], xr.Dataset | None]) -> Table:
+        for model, ds in models.items():
+            lacking = need(ds)
+            if lacking:
+                self.missing.append(f"{model}: needs {', '.join(lacking)}")
+                continue
+            try:
+                data = fill(model, ds)
+            except MissingInputs as err:
+                self.missing.append(f"{model}: {err}")
+                continue
+            if data is not None:
+                self.data.append(_with_model(data, model))
+        table = self.table
+        if not table.rows:
+            table.skipped = "; ".join(self.missing) or "no model in the store"
+            return table
+        table.notes.append(_ci_note(self.options, self.counts))
+        table.notes += [f"Not shown: {m}." for m in self.missing]
+        if self.data:
+            table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
+                                   combine_attrs="drop_conflicts")
+        return table
+
+    def count(self, model: str, *estimates: xr.DataArray) -> None:
+        self.counts.setdefault(model, set()).update(_n(e) for e in estimates)
+
+
+# -- the tables --------------------------------------------------------------------------------
+
+
+def norm_ratio_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref = options.reference
+    b = _Builder("norm-ratio", f"Vision/text norm ratio at the LLM input (layer 0, condition {ref})",
+                 ["model", "vision/text norm ratio"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        ratio = norms.vision_text_ratio(ds, layer=0, **options.boot()).sel(condition=ref)
+        b.table.rows.append([model, cell(ratio, 2)])
+        b.count(model, ratio)
+        return ratio.to_dataset(name="norm_ratio")
+
+    return b.run(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)), fill)
+
+
+def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref = options.reference
+    b = _Builder("first-update", f"Relative first update and rotation (layer 1, condition {ref})",
+                 ["model", "modality", "‖u₁‖/‖h₀‖", "cos(h₁,h₀)"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        rel = updates.relative_update(ds, **options.boot()).sel(condition=ref, layer=1)
+        cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref, layer=1)
+        for modality in ("vision", "text"):
+            b.table.rows.append([model, modality.capitalize(), cell(rel.sel(modality=modality), 2),
+                                 cell(cos.sel(modality=modality), 2)])
+            b.count(model, rel.sel(modality=modality), cos.sel(modality=modality))
+        return xr.Dataset({"relative_update": rel.drop_vars("n_samples"), "cos_first": cos.drop_vars("n_samples")})
+
+    return b.run(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0, 1)), fill)
+
+
+def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref = options.reference
+    wanted = [options.blank, options.text_only]
+    present = [c for c in wanted if any(c in layout(ds).conditions for ds in models.values())]
+    columns = ["model"] + [f"{ref}–{c} {m} r" for c in present for m in ("norms", "cosine")]
+    b = _Builder("correlation", f"Correlation of text-token curves across layers ({ref} vs "
+                 f"{', '.join(present) or ' / '.join(wanted)})", columns, options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden",), (ref,))
+        if not lacking and not present:
+            lacking = [f"condition {' or '.join(repr(c) for c in wanted)}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        r = correlation.text_curve_correlation(ds, ref, present, **options.boot())
+        row = [model]
+        for c in present:
+            for metric in ("norm", "cosine"):
+                row.append(cell(r[metric].sel(condition=c), 4) if c in r.condition.values else "n/a")
+            if c in r.condition.values:
+                b.count(model, r["norm"].sel(condition=c))
+        b.table.rows.append(row)
+        return r
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, "Pearson r over layers between a sample's mean text-token curve under the two "
+                              "conditions (norm ‖h_l‖ and cos(h_l, h_0)), averaged over samples.")
+    return table
+
+
+def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref, sweep = options.reference, options.sweep
+    b = _Builder("alpha", f"Scaling the projector output by {sweep} (against {ref}; step {options.step})",
+                 ["model", sweep if sweep != "alpha" else "α", "vision/text norm ratio", "attention KL", "logit KL",
+                  "median rank"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden", "decode_attention", "logprobs"), (ref,), (0,))
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = _sweep_conditions(ds, sweep)
+        names = [c for c, _, _ in conditions]
+        parts = {
+            "norm_ratio": norms.vision_text_ratio(ds, layer=0, **options.boot()),
+            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, **options.boot()),
+            "logit_kl": logits.logit_kl(ds, ref, options.step, **options.boot()),
+            "median_rank": logits.median_rank(ds, ref, options.step, **options.boot()),
+        }
+        parts = {k: v.reindex(condition=names) for k, v in parts.items()}
+        for condition, _, label in conditions:
+            row = {k: v.sel(condition=condition) for k, v in parts.items()}
+            b.table.rows.append([model, label, cell(row["norm_ratio"], 2), cell(row["attention_kl"], 2),
+                                 cell(row["logit_kl"], 2), cell(row["median_rank"], 1)])
+            b.count(model, *row.values())
+        return xr.Dataset({k: v.rename(n_samples=f"n_samples_{k}") for k, v in parts.items()})
+
+    return b.run(models, need, fill)
+
+
+def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref, sweep = options.reference, options.sweep
+    b = _Builder("kv-cosine", f"Vision-token keys and values against {ref} (mean over layers)",
+                 ["model", sweep if sweep != "alpha" else "α", "cos(K′,K)", "cos(V′,V)"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("keys", "values"), (ref,))
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = _sweep_conditions(ds, sweep)
+        data = kv.kv_cosine(ds, ref, "vision", **options.boot()).reindex(condition=[c for c, _, _ in conditions])
+        for condition, _, label in conditions:
+            row = data.sel(condition=condition)
+            b.table.rows.append([model, label, cell(row["cos_k"], 3), cell(row["cos_v"], 3)])
+            b.count(model, row["cos_k"], row["cos_v"])
+        return data
+
+    return b.run(models, need, fill)
+
+
+def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    real, blank, hybrid = options.reference, options.blank, options.hybrid
+    b = _Builder("kv-substitution", f"KV-cache substitution ({hybrid}: {real} image decoding from the {blank} "
+                 f"image's visual KV cache; step {options.step})",
+                 ["model", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        data = kv.kv_substitution(ds, real, blank, hybrid, options.step, **options.boot())
+        b.table.rows.append([model, cell(data["kl_real_hybrid"], 3), cell(data["kl_blank_hybrid"], 3)])
+        b.count(model, data["kl_real_hybrid"])
+        return data
+
+    return b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+
+
+BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
+    "norm-ratio": norm_ratio_table,
+    "first-update": first_update_table,
+    "correlation": correlation_table,
+    "alpha": alpha_table,
+    "kv-cosine": kv_cosine_table,
+    "kv-substitution": kv_substitution_table,
+}
+
+
+def open_models(store: str | Path, models: list[str] | None = None) -> dict[str, xr.Dataset]:
+    """Every model of the store (or `models`), opened for cached analyses."""
+    return {m: open_model(store, m) for m in (models or list_models(store))}
+
+
+def _clear_model_caches(store: Path, models: dict[str, xr.Dataset]) -> bool:
+    import shutil
+
+    from workbench.store import model_key
+
+    try:
+        for model in models:
+            path = store / CACHE_GROUP / model_key(model)
+            if path.exists():
+                shutil.rmtree(path)
+        return True
+    except OSError:
+        return False
+
+
+def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
+                 models: list[str] | None = None) -> list[Table]:
+    """The named tables (default: all, in the study's order) of a store."""
+    options = options or Options()
+    names = list(names or TABLES)
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(TABLES)}")
+    opened = open_models(store, models)
+    if options.force and not _clear_model_caches(Path(store), opened):
+        # a read-only store: nothing stale can be read back if nothing is cached there at all
+        for ds in opened.values():
+            ds.attrs.pop("workbench_store", None)
+    return [BUILDERS[name](opened, options) for name in names]
+
+
+def analyze(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
+            models: list[str] | None = None) -> str:
+    """The tables as one markdown document (what `workbench analyze` prints)."""
+    tables = build_tables(store, names, options, models)
+    return "\n\n".join(t.markdown() for t in tables) + "\n"
