@@ -145,3 +145,22 @@ def test_second_writer_is_refused(tmp_path):
     with pytest.raises(StoreBusyError):
         with StoreWriter(store):
             StoreWriter(store)
+
+
+def test_local_checkpoint_directory_runs_through_from_pretrained(tmp_path, workbench_cache):
+    """A model given as a local directory (a saved checkpoint, as a hub download would be) loads
+    through the same from_pretrained path and is stored under its id exactly as written."""
+    import shutil
+
+    from workbench.models.tiny import tiny_model_dir
+
+    checkpoint = tmp_path / "my-checkpoints" / "qwen"
+    shutil.copytree(tiny_model_dir("tiny-qwen3vl"), checkpoint)
+    store = tmp_path / "local.zarr"
+    spec = tmp_path / "local.yaml"
+    spec.write_text(f"name: local\nmodels: [{checkpoint}]\ndata: {{source: builtin, n: 1}}\n"
+                    f"conditions: {{baseline: {{}}}}\ncapture: [{{site: layer, layers: [0]}}]\nstore: {{path: {store}}}\n")
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    ds = workbench.open_store(store, model=str(checkpoint))
+    assert ds.attrs["family"] == "qwen3vl" and ds.attrs["model_id"] == str(checkpoint)
+    assert ds.hidden.sizes["layer"] == 1
