@@ -78,6 +78,22 @@ def _hash_frame(frame: pd.DataFrame) -> str:
     return h.hexdigest()
 
 
+_LABEL_HASHES: dict[int, tuple[Any, str]] = {}  # id(index) -> (the index, kept alive; its labels' hash)
+
+
+def labels_hash(ds: xr.Dataset, dim: str) -> str:
+    """Hash of every row label of `dim`, memoized per (immutable) pandas index object."""
+    index = ds.indexes.get(dim)
+    if index is not None and id(index) in _LABEL_HASHES and _LABEL_HASHES[id(index)][0] is index:
+        return _LABEL_HASHES[id(index)][1]
+    value = _hash_frame(_label_frame(ds, dim))
+    if index is not None:
+        if len(_LABEL_HASHES) > 64:
+            _LABEL_HASHES.clear()
+        _LABEL_HASHES[id(index)] = (index, value)
+    return value
+
+
 def inputs_record(ds: xr.Dataset, variables: tuple[str, ...]) -> dict[str, Any]:
     """What an analysis reads, summarised: labels hashes per dim, shapes, model attrs, provenance."""
     present = [v for v in variables if v in ds.data_vars]
@@ -85,7 +101,7 @@ def inputs_record(ds: xr.Dataset, variables: tuple[str, ...]) -> dict[str, Any]:
     return {
         "variables": {v: {"dims": list(ds[v].dims), "shape": list(ds[v].shape), "dtype": str(ds[v].dtype)}
                       for v in present},
-        "labels": {d: _hash_frame(_label_frame(ds, d)) for d in dims},
+        "labels": {d: labels_hash(ds, d) for d in dims},
         "model": {k: v for k, v in ds.attrs.items() if k in ("model_id", "n_layers", "hidden_size", "family", "revision")},
         "provenance": hashlib.sha256(str(ds.attrs.get("provenance", "")).encode()).hexdigest(),
     }
@@ -130,10 +146,15 @@ def _from_zarr(result: xr.Dataset) -> xr.Dataset:
     return result
 
 
+_MEMO: dict[tuple[str, str], xr.Dataset] = {}  # (entry path, fingerprint) -> result read or written here
+
+
 def read_entry(store: Path, model: str, name: str, key: str) -> xr.Dataset | None:
     path = _entry_dir(store, model, name) / key[:24]
     if not (path / "zarr.json").exists():
         return None
+    if (str(path), key) in _MEMO:
+        return _MEMO[(str(path), key)].copy()
     try:
         group = f"{CACHE_GROUP}/{model_key(model)}/{name}/{key[:24]}"
         result = xr.open_zarr(store, group=group, consolidated=False, zarr_format=3, chunks=None).load()
@@ -142,7 +163,15 @@ def read_entry(store: Path, model: str, name: str, key: str) -> xr.Dataset | Non
     if result.attrs.get("fingerprint") != key:
         return None
     result.attrs.pop("fingerprint", None)
-    return _from_zarr(result)
+    result = _from_zarr(result)
+    _remember(str(path), key, result)
+    return result.copy()
+
+
+def _remember(path: str, key: str, result: xr.Dataset) -> None:
+    if len(_MEMO) > 256:
+        _MEMO.clear()
+    _MEMO[(path, key)] = result.copy()
 
 
 def write_entry(store: Path, model: str, name: str, key: str, result: xr.Dataset, meta: dict[str, Any]) -> None:
@@ -163,6 +192,9 @@ def write_entry(store: Path, model: str, name: str, key: str, result: xr.Dataset
             os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    memo = result.copy()
+    memo.attrs = {k: v for k, v in data.attrs.items() if k != "fingerprint"}
+    _remember(str(final), key, memo)
     # older entries of the same analysis and parameters: their inputs changed, drop them
     for other in base.iterdir():
         if other.name == final.name or not other.is_dir() or other.name.startswith("."):

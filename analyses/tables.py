@@ -81,8 +81,10 @@ def cell(estimate: xr.DataArray, digits: int = 2) -> str:
     v, lo, hi = (float(estimate.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
     if not math.isfinite(v):
         return "n/a"
-    fmt = f"{{:.{digits}f}}"
-    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+    def fmt(x: float) -> str:
+        return f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
+
+    return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
 
 
 def _ci_note(options: Options, counts: dict[str, set[int]]) -> str:
@@ -339,14 +341,15 @@ def _clear_model_caches(store: Path, models: dict[str, xr.Dataset]) -> bool:
 
 
 def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
-                 models: list[str] | None = None) -> list[Table]:
-    """The named tables (default: all, in the study's order) of a store."""
+                 models: list[str] | None = None, opened: dict[str, xr.Dataset] | None = None) -> list[Table]:
+    """The named tables (default: all, in the study's order) of a store (`opened`: its models,
+    already opened with `open_models`)."""
     options = options or Options()
     names = list(names or TABLES)
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
         raise ValueError(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(TABLES)}")
-    opened = open_models(store, models)
+    opened = open_models(store, models) if opened is None else opened
     if options.force and not _clear_model_caches(Path(store), opened):
         # a read-only store: nothing stale can be read back if nothing is cached there at all
         for ds in opened.values():

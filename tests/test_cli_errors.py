@@ -48,3 +48,22 @@ def test_bad_cli_override_exits_2(tmp_path, capsys):
     assert main(["run", str(spec), "--models", "tiny-llama,nope", "--no-progress"]) == 2
     assert "--models[1]: unknown model 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_positions_beyond_a_sequence_are_refused_before_running(tmp_path, capsys):
+    spec = tmp_path / "pos.yaml"
+    store = tmp_path / "pos.zarr"
+    spec.write_text(f"""\
+name: pos
+models: [tiny-llama]
+data: {{source: builtin, n: 2}}
+conditions:
+  far:
+    interventions: [{{kind: zero, site: layer, layers: [1], positions: [0, 5000]}}]
+capture: [{{site: layer}}]
+store: {{path: {store}}}
+""")
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "pos.yaml:6: conditions.far.interventions[0].positions: tiny-llama: position 5000 is out of range" in err
+    assert not store.exists()

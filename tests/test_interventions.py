@@ -316,3 +316,16 @@ store: {{path: {store}}}
     assert int(ds.nonfinite.sel(run_condition="baseline").values[0]) == 0
     hidden = ds.hidden.sel(condition="broken", position=0, layer=2).values
     assert np.isinf(hidden).any()  # stored as is, not clipped
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_embed_and_final_norm_captures(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  baseline: {}", "[{site: embed}, {site: layer}, {site: final_norm}]")
+    result, inputs = run(model, plan, "baseline")
+    ids = torch.as_tensor(inputs["real"].input_ids)[None]
+    with torch.inference_mode():
+        embedded = model.hf.get_input_embeddings()(ids)[0].numpy()
+        normed = decoder(model).norm(torch.from_numpy(result.tokens["hidden"][:, -1]))
+    np.testing.assert_allclose(result.tokens["embed"], embedded, atol=ATOL)
+    np.testing.assert_allclose(result.tokens["final_norm"], normed.numpy(), atol=ATOL)

@@ -10,6 +10,7 @@ Stored variables (dims; what a row is):
 - `decode_attention (token, step, decoder_layer, head)`: the attention probability of decode step s's
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
+- `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
 - `logprobs (run, step, vocab)`: float32 log-softmax of the next-token logits at each step.
 - `generated (run, step)`: the greedy token chosen at each step.
 """
@@ -24,7 +25,7 @@ import torch
 
 from .sites import order, residual_envoy
 
-CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits")
+CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -67,6 +68,21 @@ class AttentionCapture:
         mass = probs[:, :, vision_keys].sum(-1)   # (heads, q)
         saved.setdefault(("vision_mass", layer), []).append(to_host(mass.transpose(0, 1)))
         saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
+
+
+@dataclass(frozen=True)
+class ModuleOutputCapture:
+    """A per-position module output: `embed` (token embeddings, before image features are
+    scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
+
+    site: str
+
+    def targets(self) -> list[tuple[tuple[int, int, int], None]]:
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any) -> None:
+        path = model.arch.embed if self.site == "embed" else model.arch.final_norm
+        saved.setdefault((self.site, None), []).append(to_host(model.module(path)[0].output[0]))
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,7 @@ class CapturePlan:
     kv: CachedKVCapture | None = None
     logits: bool = False
     max_new_tokens: int = 1
+    outputs: tuple[ModuleOutputCapture, ...] = ()
 
     @property
     def needs_eager_attention(self) -> bool:
@@ -128,7 +145,7 @@ class CapturePlan:
 
     def readers(self) -> list[Any]:
         """The captures read inside a trace (K/V are read from the cache afterwards)."""
-        return [c for c in (self.residual, self.attention) if c is not None]
+        return [c for c in (self.residual, self.attention, *self.outputs) if c is not None]
 
     @property
     def decoding(self) -> bool:

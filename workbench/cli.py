@@ -1,4 +1,4 @@
-"""The `workbench` command line: run, validate, info."""
+"""The `workbench` command line: run, validate, info, analyze, report."""
 
 from __future__ import annotations
 
@@ -88,6 +88,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from analyses.commands import run_analyze
+
+    return run_analyze(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analyses.commands import run_report
+
+    return run_report(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
@@ -122,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("store")
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
+
+    from analyses import commands  # argparse only: the analyses themselves load on use
+
+    analyze = sub.add_parser("analyze", help=commands.ANALYZE_HELP, description=commands.ANALYZE_DESCRIPTION)
+    commands.add_analyze_arguments(analyze)
+    analyze.set_defaults(func=cmd_analyze)
+
+    report = sub.add_parser("report", help=commands.REPORT_HELP, description=commands.REPORT_DESCRIPTION)
+    commands.add_report_arguments(report)
+    report.set_defaults(func=cmd_report)
     return parser
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ResidualCapture
+from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
 from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
 from .sites import VISION_SITES
 from .spec import SpecError
 
 SpecPath = tuple[Any, ...]
-CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits")
+CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 
 
 class PlanError(SpecError):
@@ -117,6 +117,8 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             kv_layers[item.site] = check.layers(item.layers, path + ("layers",), n - 1)
         elif item.site == "logits":
             plan.logits = True
+        elif item.site in ("embed", "final_norm"):
+            plan.outputs += (ModuleOutputCapture(item.site),)
     if kv_layers:
         layers = tuple(sorted(set().union(*kv_layers.values())))
         if len(kv_layers) == 2 and kv_layers["keys"] != kv_layers["values"]:
@@ -178,3 +180,31 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
     if check.problems:
         raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in dict.fromkeys(check.problems)], spec.source)
     return ModelPlan(info=info, conditions=conditions, capture=capture)
+
+
+def explicit_positions(spec: Any) -> bool:
+    """Whether any condition names token positions by index (then sequence lengths matter)."""
+    for instance in spec.expand_conditions():
+        swap = [instance.kv_swap.positions] if instance.kv_swap else []
+        if any(not isinstance(p, str) for p in [getattr(i, "positions", "all") for i in instance.interventions] + swap):
+            return True
+    return False
+
+
+def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
+    """Refuse explicit positions beyond a sample's sequence. `lengths[image_mode]` holds
+    (sample id, number of tokens) of every sample's prompt in that image mode."""
+    problems = []
+    for instance in spec.expand_conditions():
+        sample, n = min(lengths[instance.image], key=lambda item: item[1])
+        base: SpecPath = ("conditions", instance.base)
+        entries = [(base + ("interventions", j, "positions"), getattr(raw, "positions", "all"), n)
+                   for j, raw in enumerate(instance.interventions)]
+        if instance.kv_swap is not None:  # the swap edits the cache of all but the last token
+            entries.append((base + ("kv_swap", "positions"), instance.kv_swap.positions, n - 1))
+        for path, positions, limit in entries:
+            if not isinstance(positions, str) and positions and max(positions) >= limit:
+                problems.append(spec.problem(path, f"{info.model_id}: position {max(positions)} is out of range for "
+                                                   f"sample {sample!r} ({limit} positions); expected positions < {limit}"))
+    if problems:
+        raise PlanError(list(dict.fromkeys(problems)), spec.source)

@@ -30,6 +30,8 @@ VARIABLE_DIMS = {
     "decode_attention": ("token", "step", "decoder_layer", "head"),
     "logprobs": ("run", "step", "vocab"),
     "generated": ("run", "step"),
+    "embed": ("token", "dim"),
+    "final_norm": ("token", "dim"),
 }
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
@@ -73,6 +75,21 @@ def compile_all(spec: Any) -> list[ModelPlan]:
     return [compile_plan(spec, model_info(model_id)) for model_id in spec.models]
 
 
+def preflight_positions(spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
+    """Explicit token positions are checked against every sample's sequence before anything
+    runs (this encodes the prompts with each model's processor; no weights are loaded)."""
+    from .models.model import InputEncoder
+    from .plan import check_positions, explicit_positions
+
+    if not explicit_positions(spec):
+        return
+    modes = sorted({c.image for p in plans for c in p.conditions})
+    for plan in plans:
+        encoder = InputEncoder(plan.info)
+        lengths = {m: [(s.id, encoder.encode(s.image, s.question, m).n_tokens) for s in samples] for m in modes}
+        check_positions(spec, plan.info, lengths)
+
+
 def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.ndarray]]) -> dict[str, Variable]:
     """The store's variables for one run: token labels plus every capture, with their dims."""
     variables = {
@@ -102,6 +119,7 @@ def run_spec(
     dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
     plans = compile_all(spec)
     samples = load_samples(spec.data)
+    preflight_positions(spec, plans, samples)
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
         summary.repairs = store.repairs

@@ -177,6 +177,8 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
         result.tokens["prefill_vision_mass"] = _stack_layers(merged, "vision_mass", captures.attention.layers).numpy()
     if captures.kv:
         result.tokens.update(captures.kv.read_cache(cache, n))
+    for output in captures.outputs:
+        result.tokens[output.site] = torch.cat(merged[(output.site, None)], dim=0).numpy()
 
 
 def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult) -> None:

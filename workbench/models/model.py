@@ -97,50 +97,21 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-class WorkbenchModel:
-    """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
+class InputEncoder:
+    """(image, question) -> model inputs through the model's own processor and chat template, with
+    the modality of every position. Needs the processor only, not the weights."""
 
-    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
-        """attn: "sdpa" (fast) or "eager" (the only one that returns attention probabilities)."""
-        from nnsight.modeling.transformers import TransformersModel
-
+    def __init__(self, info: ModelInfo, device: str = "cpu", dtype: torch.dtype = torch.float32):
         from .tiny import load_processor
 
-        self.info = info
-        self.arch = info.arch
-        self.device = pick_device(device)
-        self.dtype = pick_dtype(dtype, self.device)
-        model_class = getattr(transformers, self.arch.model_class)
-        hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn)
-        self.hf = hf.to(self.device).eval()
+        self.arch, self.device, self.dtype = info.arch, device, dtype
         self.processor = load_processor(Path(info.path) if os.path.isdir(info.path) else info.path, self.arch.family)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        task = "image-text-to-text" if self.arch.is_multimodal else "text-generation"
-        extra = {"processor": self.processor} if self.arch.is_multimodal else {}
-        self.lm = TransformersModel(self.hf, tokenizer=self.tokenizer, task=task, **extra)
         self._boundary_ids = self._find_boundary_ids()
         self.image_token_id = (
             self.tokenizer.convert_tokens_to_ids(self.arch.image_token) if self.arch.image_token else None
         )
 
-    # -- identity -------------------------------------------------------------------------------
-    @property
-    def model_id(self) -> str:
-        return self.info.model_id
-
-    @property
-    def n_layers(self) -> int:
-        return self.info.n_layers
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **self.info.describe(),
-            "revision": getattr(self.hf.config, "_commit_hash", None),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "device": self.device,
-        }
-
-    # -- inputs -----------------------------------------------------------------------------------
     def encode(self, image: Image.Image | None, question: str, image_mode: ImageMode = "real") -> ModelInputs:
         """Model inputs for (image, question) through the chat template.
 
@@ -185,6 +156,52 @@ class WorkbenchModel:
             return set()
         vocab = self.tokenizer.get_vocab()
         return {i for tok, i in vocab.items() if tok.startswith("<") and self.arch.is_boundary_token(tok)}
+
+
+class WorkbenchModel:
+    """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
+
+    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
+        """attn: "sdpa" (fast) or "eager" (the only one that returns attention probabilities)."""
+        from nnsight.modeling.transformers import TransformersModel
+
+        self.info = info
+        self.arch = info.arch
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        model_class = getattr(transformers, self.arch.model_class)
+        hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn)
+        self.hf = hf.to(self.device).eval()
+        self.encoder = InputEncoder(info, self.device, self.dtype)
+        self.processor, self.tokenizer = self.encoder.processor, self.encoder.tokenizer
+        self.image_token_id = self.encoder.image_token_id
+        task = "image-text-to-text" if self.arch.is_multimodal else "text-generation"
+        extra = {"processor": self.processor} if self.arch.is_multimodal else {}
+        self.lm = TransformersModel(self.hf, tokenizer=self.tokenizer, task=task, **extra)
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.info.model_id
+
+    @property
+    def n_layers(self) -> int:
+        return self.info.n_layers
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.info.describe(),
+            "revision": getattr(self.hf.config, "_commit_hash", None),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": self.device,
+        }
+
+    # -- inputs (see InputEncoder) -------------------------------------------------------------------
+    def encode(self, image: Image.Image | None, question: str, image_mode: ImageMode = "real") -> ModelInputs:
+        return self.encoder.encode(image, question, image_mode)
+
+    def token_modality(self, input_ids: np.ndarray) -> np.ndarray:
+        return self.encoder.token_modality(input_ids)
 
     # -- sites --------------------------------------------------------------------------------------
     def module(self, path: str) -> list[Any]:

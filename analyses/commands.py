@@ -1,0 +1,94 @@
+"""The `analyze` and `report` commands: their arguments and what they run.
+
+`workbench analyze` / `workbench report` (workbench/cli.py) and `python -m analyses analyze|report`
+(which needs neither torch nor nnsight) share these definitions. Only argparse is imported at
+module level, so building the CLI's parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
+ANALYZE_HELP = "print the study's tables (markdown, 95% bootstrap CIs) from a store"
+ANALYZE_DESCRIPTION = (
+    "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
+    "relative update and rotation, text-curve correlations, the α sweep (norm ratio, attention KL, logit KL, "
+    "median rank), K/V cosines and KV substitution. Results are cached in STORE/_analyses and reused while "
+    "the store is unchanged. Tables whose inputs the store lacks are skipped with one line each."
+)
+REPORT_HELP = "write the study's figures (PNG) and tables into DIR/report.md"
+REPORT_DESCRIPTION = "Write DIR/report.md with every table of `analyze` and the figures (PNG) it embeds."
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", help="path to a workbench store (.zarr directory)")
+    parser.add_argument("--force", action="store_true", help="recompute cached analyses")
+    parser.add_argument("--models", type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
+                        help="comma-separated model ids (default: every model in the store)")
+    parser.add_argument("--reference", default="baseline", help="reference (real image) condition (default: baseline)")
+    parser.add_argument("--blank", default="blank", help="blank-image condition (default: blank)")
+    parser.add_argument("--text-only", default="none", help="no-image condition (default: none)")
+    parser.add_argument("--hybrid", default="hybrid", help="KV-substitution condition (default: hybrid)")
+    parser.add_argument("--sweep", default="alpha", help="swept variable of the α tables (default: alpha)")
+    parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+
+
+def _table_name(value: str) -> str:
+    if value not in TABLE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown table {value!r}; choose from {', '.join(TABLE_NAMES)}")
+    return value
+
+
+def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("names", nargs="*", type=_table_name, metavar="NAME",
+                        help=f"tables to print (default: all): {', '.join(TABLE_NAMES)}")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--out", required=True, help="directory for report.md and the PNG figures")
+
+
+def _options(args: argparse.Namespace):
+    from .tables import Options
+
+    return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
+                   sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed, force=args.force)
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from .tables import analyze
+
+    sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    path = write_report(args.store, args.out, _options(args), args.models)
+    figures = sorted(p.name for p in path.parent.glob("*.png"))
+    print(f"wrote {path} and {len(figures)} figure(s): {', '.join(figures)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m analyses analyze|report ...`: the same commands without the workbench CLI."""
+    from workbench.store import StoreError
+
+    parser = argparse.ArgumentParser(prog="python -m analyses", description="Analyse a workbench store "
+                                     "(needs only numpy, xarray, zarr, dask, pandas, matplotlib).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_analyze_arguments(sub.add_parser("analyze", help=ANALYZE_HELP, description=ANALYZE_DESCRIPTION))
+    add_report_arguments(sub.add_parser("report", help=REPORT_HELP, description=REPORT_DESCRIPTION))
+    args = parser.parse_args(argv)
+    try:
+        return run_analyze(args) if args.command == "analyze" else run_report(args)
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1

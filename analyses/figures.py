@@ -1,0 +1,328 @@
+"""The study's figures as PNG files (matplotlib, no display needed: `Figure` objects render with
+the Agg canvas).
+
+Every curve is the mean over samples with its 95% bootstrap CI as a shaded band (or error bars).
+Colours are fixed across figures: one per modality (`MODALITY_COLORS`), one per model
+(`model_colors`, in the store's model order), one per compared condition (`condition_colors`).
+
+| file                      | what                                                                    |
+|---------------------------|-------------------------------------------------------------------------|
+| norms_updates.png         | ‖h_l‖ and ‖h_l − h_{l−1}‖ per layer, by modality, one column per model  |
+| cosine_to_first.png       | cos(h_l, h_0) per layer, by modality, one panel per model               |
+| text_curves.png           | text-token ‖h_l‖ and cos(h_l, h_0) under real / blank / no image        |
+| attention_mass.png        | prefill and decode text → vision attention mass per layer, per model    |
+| kl_vs_alpha.png           | attention KL and logit KL against α (log x), per model                  |
+| kv_cosine_vs_alpha.png    | cos(K′, K) and cos(V′, V) at vision tokens against α (log x), per model |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import xarray as xr
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from . import attention, kv, logits, norms, rotation, updates
+from .cache import MissingInputs
+from .tables import Options, _missing, _sweep_conditions
+
+MODALITY_COLORS = {"vision": "#1f77b4", "text": "#d62728", "boundary": "#7f7f7f"}
+_MODEL_PALETTE = ("#2ca02c", "#9467bd", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#8c6d31")
+_CONDITION_PALETTE = ("#000000", "#ff7f0e", "#8c564b", "#637939", "#7b4173")
+LAYER_LABEL = "layer l (0 = LLM input, l = after l decoder layers)"
+DECODER_LAYER_LABEL = "decoder layer"
+ALPHA_LABEL = "α, scale factor of the projector output (log scale)"
+DPI = 120
+
+
+def _sweep_name(sweep: str) -> str:
+    return "α" if sweep == "alpha" else sweep
+
+
+def model_colors(models: list[str]) -> dict[str, str]:
+    return {m: _MODEL_PALETTE[i % len(_MODEL_PALETTE)] for i, m in enumerate(models)}
+
+
+def condition_colors(conditions: list[str]) -> dict[str, str]:
+    return {c: _CONDITION_PALETTE[i % len(_CONDITION_PALETTE)] for i, c in enumerate(conditions)}
+
+
+@dataclass
+class FigureFile:
+    name: str
+    title: str
+    path: Path | None = None
+    skipped: str | None = None
+
+
+def _band(ax, x, est: xr.DataArray, color: str, label: str, linestyle: str = "-", marker: str | None = None) -> None:
+    value, low, high = (np.asarray(est.sel(stat=s).values, float) for s in ("value", "ci_low", "ci_high"))
+    ok = np.isfinite(value)
+    if not ok.any():
+        return
+    x = np.asarray(x)[ok]
+    ax.plot(x, value[ok], color=color, label=label, linestyle=linestyle, marker=marker, markersize=4)
+    ax.fill_between(x, low[ok], high[ok], color=color, alpha=0.18, linewidth=0)
+
+
+def _grid(n_rows: int, n_cols: int, width: float = 4.2, height: float = 3.3) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(width * n_cols, height * n_rows), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(n_rows, n_cols, squeeze=False))
+    return fig, axes
+
+
+def _save(fig: Figure, out: Path, name: str) -> Path:
+    for ax in fig.axes:
+        if ax.get_xscale() == "linear":  # layer axes: whole layers only
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    path = out / name
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _usable(models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]]) -> tuple[dict, list[str]]:
+    ok, missing = {}, []
+    for model, ds in models.items():
+        lacking = need(ds)
+        if lacking:
+            missing.append(f"{model}: needs {', '.join(lacking)}")
+        else:
+            ok[model] = ds
+    return ok, missing
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+
+def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref = options.reference
+    title = f"Residual-stream norm and update magnitude per layer ({ref})"
+    fig_file = FigureFile("norms_updates.png", title)
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,)))
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    fig, axes = _grid(2, len(usable))
+    for col, (model, ds) in enumerate(usable.items()):
+        norm = norms.norm_curves(ds, **options.boot()).sel(condition=ref)
+        update = updates.absolute_update(ds, **options.boot()).sel(condition=ref)
+        for modality, color in MODALITY_COLORS.items():
+            _band(axes[0, col], norm.layer, norm.sel(modality=modality), color, modality)
+            _band(axes[1, col], update.layer, update.sel(modality=modality), color, modality)
+        axes[0, col].set(title=f"{model}: ‖h_l‖₂", ylabel="mean token L2 norm (activation units)", yscale="log")
+        axes[1, col].set(title=f"{model}: ‖h_l − h_(l−1)‖₂", ylabel="mean update L2 norm (activation units)",
+                         yscale="log", xlabel=LAYER_LABEL)
+        axes[0, col].set_xlabel(LAYER_LABEL)
+        for ax in axes[:, col]:
+            ax.legend(title="modality", fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref = options.reference
+    title = f"Cosine similarity to the layer-0 hidden state ({ref})"
+    fig_file = FigureFile("cosine_to_first.png", title)
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)))
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    fig, axes = _grid(1, len(usable))
+    for col, (model, ds) in enumerate(usable.items()):
+        cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref)
+        ax = axes[0, col]
+        for modality, color in MODALITY_COLORS.items():
+            _band(ax, cos.layer, cos.sel(modality=modality), color, modality)
+        ax.axhline(0, color="#999999", linewidth=0.8)
+        ax.set(title=model, xlabel=LAYER_LABEL, ylabel="mean cos(h_l, h_0) (unitless)", ylim=(-0.2, 1.05))
+        ax.legend(title="modality", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref = options.reference
+    compared = [ref, options.blank, options.text_only]
+    title = f"Text-token trajectories: {ref} vs {options.blank} image vs no image ({options.text_only})"
+    fig_file = FigureFile("text_curves.png", title)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden",), (ref,), (0,))
+        conditions = set(np.asarray(ds["condition"].values).astype(object).astype(str)) if "token" in ds.dims else set()
+        if not lacking and not conditions & {options.blank, options.text_only}:
+            lacking = [f"condition {options.blank!r} or {options.text_only!r}"]
+        return lacking
+
+    usable, missing = _usable(models, need)
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    colors = condition_colors(compared)
+    styles = dict(zip(compared, ("-", "--", ":")))
+    fig, axes = _grid(2, len(usable))
+    for col, (model, ds) in enumerate(usable.items()):
+        norm = norms.norm_curves(ds, **options.boot()).sel(modality="text")
+        cos = rotation.cosine_to_first(ds, **options.boot()).sel(modality="text")
+        for condition in compared:
+            if condition not in norm.condition.values:
+                continue
+            label = {ref: f"{ref} (real image)", options.blank: f"{options.blank} (blank image)",
+                     options.text_only: f"{options.text_only} (no image)"}[condition]
+            _band(axes[0, col], norm.layer, norm.sel(condition=condition), colors[condition], label, styles[condition])
+            _band(axes[1, col], cos.layer, cos.sel(condition=condition), colors[condition], label, styles[condition])
+        axes[0, col].set(title=f"{model}: text ‖h_l‖₂", xlabel=LAYER_LABEL,
+                         ylabel="mean text-token L2 norm (activation units)", yscale="log")
+        axes[1, col].set(title=f"{model}: text cos(h_l, h_0)", xlabel=LAYER_LABEL,
+                         ylabel="mean cos(h_l, h_0) (unitless)")
+        for ax in axes[:, col]:
+            ax.legend(title="condition", fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref = options.reference
+    title = f"Text → vision attention mass per decoder layer ({ref})"
+    fig_file = FigureFile("attention_mass.png", title)
+    usable, missing = _usable(models, lambda ds: [] if {"prefill_vision_mass", "decode_attention"} & set(ds.data_vars)
+                              and ref in np.asarray(ds["condition"].values).astype(object).astype(str)
+                              else ["prefill_vision_mass or decode_attention", f"condition {ref!r}"])
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, 2)
+    for model, ds in usable.items():
+        if "prefill_vision_mass" in ds.data_vars:
+            mass = attention.prefill_vision_mass(ds, "text", **options.boot()).sel(condition=ref)
+            _band(axes[0, 0], mass.decoder_layer, mass, colors[model], model, marker="o")
+        if "decode_attention" in ds.data_vars:
+            mass = attention.decode_vision_mass(ds, None, **options.boot()).sel(condition=ref)
+            _band(axes[0, 1], mass.decoder_layer, mass, colors[model], model, marker="o")
+    axes[0, 0].set(title="prefill: text queries (mean over heads and text tokens)", xlabel=DECODER_LAYER_LABEL,
+                   ylabel="attention mass on vision keys (probability)")
+    axes[0, 1].set(title="decode: generated-token queries (mean over heads and steps)", xlabel=DECODER_LAYER_LABEL,
+                   ylabel="attention mass on vision keys (probability)")
+    for ax in axes[0]:
+        ax.set_ylim(bottom=0)
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def _alpha_series(ds: xr.Dataset, est: xr.DataArray, sweep: str) -> tuple[np.ndarray, xr.DataArray]:
+    conditions = _sweep_conditions(ds, sweep)
+    names = [c for c, _, _ in conditions if c in est.condition.values]
+    values = np.array([v for c, v, _ in conditions if c in names])
+    return values, est.sel(condition=names)
+
+
+def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref, sweep = options.reference, options.sweep
+    title = f"Divergence from {ref} against the projector scale {_sweep_name(sweep)}"
+    fig_file = FigureFile("kl_vs_alpha.png", title)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, (), (ref,))
+        if not {"decode_attention", "logprobs"} & set(ds.data_vars):
+            lacking.append("decode_attention or logprobs")
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking.append(f"conditions sweeping {sweep}")
+        return lacking
+
+    usable, missing = _usable(models, need)
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, 2)
+    for model, ds in usable.items():
+        panels = []
+        if "decode_attention" in ds.data_vars:
+            panels.append((axes[0, 0], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
+        if "logprobs" in ds.data_vars:
+            panels.append((axes[0, 1], logits.logit_kl(ds, ref, options.step, **options.boot())))
+        for ax, est in panels:
+            x, est = _alpha_series(ds, est, sweep)
+            _band(ax, x, est, colors[model], model, marker="o")
+    axes[0, 0].set(title=f"attention over vision keys (decode step {options.step};\nmean over layers and heads)",
+                   ylabel=f"KL({ref} ‖ condition) (nats)")
+    axes[0, 1].set(title=f"next-token distribution\n(decode step {options.step})", ylabel=f"KL({ref} ‖ condition) (nats)")
+    for ax in axes[0]:
+        ax.set(xscale="log", xlabel=ALPHA_LABEL)
+        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+        ax.set_ylim(bottom=0)
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref, sweep = options.reference, options.sweep
+    title = f"Vision-token keys and values against {ref} as {_sweep_name(sweep)} varies (mean over layers)"
+    fig_file = FigureFile("kv_cosine_vs_alpha.png", title)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("keys", "values"), (ref,))
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking.append(f"conditions sweeping {sweep}")
+        return lacking
+
+    usable, missing = _usable(models, need)
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, 2)
+    for model, ds in usable.items():
+        est = kv.kv_cosine(ds, ref, "vision", **options.boot())
+        x, k = _alpha_series(ds, est["cos_k"], sweep)
+        _, v = _alpha_series(ds, est["cos_v"], sweep)
+        _band(axes[0, 0], x, k, colors[model], model, marker="o")
+        _band(axes[0, 1], x, v, colors[model], model, "--", marker="s")
+    axes[0, 0].set(title="keys: cos(K′, K)", ylabel="mean cosine similarity (unitless)")
+    axes[0, 1].set(title="values: cos(V′, V)", ylabel="mean cosine similarity (unitless)")
+    for ax in axes[0]:
+        ax.set(xscale="log", xlabel=ALPHA_LABEL, ylim=(min(-0.05, ax.get_ylim()[0]), 1.05))
+        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
+    "norms_updates": norms_updates,
+    "cosine_to_first": cosine_to_first,
+    "text_curves": text_curves,
+    "attention_mass": attention_mass,
+    "kl_vs_alpha": kl_vs_alpha,
+    "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
+}
+
+
+def write_figures(models: dict[str, xr.Dataset], options: Options, out: str | Path) -> list[FigureFile]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for make in FIGURES.values():
+        try:
+            results.append(make(models, options, out))
+        except MissingInputs as err:
+            results.append(FigureFile(make.__name__ + ".png", make.__name__, skipped=str(err)))
+    return results
