@@ -439,8 +439,9 @@ def store_info(path: str | Path) -> dict[str, Any]:
             samples, counts = _committed(group)
             variables = {
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
-                for name, a in group.arrays()
-                if name not in COMMIT_ARRAYS and name not in TOKEN_LABELS and name not in ("layer",)
+                for name, a in sorted(group.arrays())
+                # labels, commit records and coordinate arrays (named after their own dim) are not data
+                if name not in COMMIT_ARRAYS + TOKEN_LABELS and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
                 "samples": len(samples),
