@@ -229,3 +229,14 @@ def test_spec_data_section(saved_copy, no_network):
     # n is per config; seed changes the choice.
     reseeded = load_samples(DataSpec(source="datbench", n=2, seed=9, exclude=["math"], path=str(saved_copy)))
     assert [s.id for s in reseeded] != [s.id for s in samples]
+
+
+def test_order_first_takes_the_first_rows_like_the_study(saved_copy, no_network):
+    samples = datbench_samples(3, seed=7, exclude=("math",), path=saved_copy, order="first")
+    for config in DATBENCH_CONFIGS:
+        if config == "math":
+            continue
+        assert [s.id.rsplit("_", 1)[1] for s in samples if s.category == config] == ["0000", "0001", "0002"]
+    spec = parse_spec(f"name: d\nmodels: [tiny-smolvlm]\ndata: {{source: datbench, n: 1, order: first, path: {saved_copy}}}\n"
+                      "conditions: {baseline: {}}\ncapture: [{site: layer}]\nstore: {path: s.zarr}\n")
+    assert [s.id.rsplit("_", 1)[1] for s in load_samples(spec.data)] == ["0000"] * 9

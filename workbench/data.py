@@ -275,6 +275,7 @@ def datbench_samples(
     seed: int = 0,
     exclude: Iterable[str] = (),
     path: str | Path | None = None,
+    order: str = "shuffled",
 ) -> list[Sample]:
     """``n_per_config`` DatBench samples from each config not in ``exclude``.
 
@@ -294,7 +295,8 @@ def datbench_samples(
     Choice: row positions ``numpy.random.default_rng([seed, crc32(config)]).permutation(rows)``,
     first ``n_per_config`` (all rows when a config has fewer), so the choice is deterministic,
     differs per config and per seed, and a smaller ``n_per_config`` gives a prefix of a larger
-    one.  Only the chosen rows are read (``ds.select``), so only their images are decoded.
+    one.  ``order="first"`` takes the first ``n_per_config`` rows instead (what the norm-gap
+    study did).  Only the chosen rows are read (``ds.select``), so only their images are decoded.
 
     Order: configs in :data:`workbench.spec.DATBENCH_CONFIGS` order, each config's samples in
     chosen order.  ``Sample.id`` is ``datbench/<config>/<row id>``, ``question`` is
@@ -314,7 +316,7 @@ def datbench_samples(
         if config in excluded:
             continue
         ds = _load_datbench_config(config, path)
-        samples.extend(_datbench_config_samples(ds, config, n_per_config, seed, path))
+        samples.extend(_datbench_config_samples(ds, config, n_per_config, seed, path, order))
     return samples
 
 
@@ -363,11 +365,15 @@ def _load_datbench_config(config: str, path: str | Path | None) -> Any:
     return ds
 
 
-def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str | Path | None) -> list[Sample]:
+def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str | Path | None,
+                             order: str = "shuffled") -> list[Sample]:
     import numpy as np
 
-    rng = np.random.default_rng([seed, zlib.crc32(config.encode("utf-8"))])
-    chosen = [int(i) for i in rng.permutation(len(ds))[:n]]
+    if order == "first":  # the study's choice: the first n rows of each config
+        chosen = list(range(min(n, len(ds))))
+    else:
+        rng = np.random.default_rng([seed, zlib.crc32(config.encode("utf-8"))])
+        chosen = [int(i) for i in rng.permutation(len(ds))[:n]]
     samples: list[Sample] = []
     seen: set[str] = set()
     for position, row in zip(chosen, ds.select(chosen)):
@@ -408,5 +414,5 @@ def load_samples(data_spec: Any) -> list[Sample]:
     if source == "folder":
         return folder_samples(data_spec.path, data_spec.n)
     if source == "datbench":
-        return datbench_samples(data_spec.n, data_spec.seed, data_spec.exclude, data_spec.path)
+        return datbench_samples(data_spec.n, data_spec.seed, data_spec.exclude, data_spec.path, data_spec.order)
     raise ValueError(f"unknown data source {source!r}; expected builtin, datbench, jsonl or folder")

@@ -530,6 +530,8 @@ class DataSpec(_Model):
     seed: NonNegativeInt = 0
     exclude: list[Annotated[Literal[DATBENCH_CONFIGS], _one_of(DATBENCH_CONFIGS)]] = []
     path: PathString | None = None
+    # datbench: "shuffled" (a seeded choice of rows) or "first" (the first n rows, as the study)
+    order: Annotated[Literal["shuffled", "first"], _one_of(("shuffled", "first"))] = "shuffled"
 
     @model_validator(mode="after")
     def _options_fit_source(self) -> "DataSpec":
@@ -543,6 +545,8 @@ class DataSpec(_Model):
             problems.append(
                 (("exclude",), f"'exclude' is not used by source '{self.source}'; expected it only with source 'datbench'")
             )
+        if self.order != "shuffled" and self.source != "datbench":
+            problems.append((("order",), f"'order' is not used by source '{self.source}'; expected it only with source 'datbench'"))
         if set(DATBENCH_CONFIGS) <= set(self.exclude):
             problems.append((("exclude",), "every datbench config is excluded; expected at least one to remain"))
         if problems:
@@ -850,6 +854,7 @@ def _switch_source(data: dict, source: str) -> None:
             data.pop("path", None)
         if source != "datbench":
             data.pop("exclude", None)
+            data.pop("order", None)
     data["source"] = source
 
 
