@@ -1,2 +1,25 @@
-"""Analyses of a workbench store. They read the store with xarray/zarr and never import torch or
-nnsight, so a store copied off a GPU machine can be analysed anywhere."""
+"""Analyses of a workbench store: the tables and figures of the norm-gap study.
+
+They read the store with xarray/zarr/dask/numpy (and matplotlib for figures) and never import
+torch or nnsight, so a store copied off a GPU machine can be analysed anywhere
+(`python -m analyses analyze STORE` needs nothing else; `workbench analyze` / `workbench report`
+are the same commands in the workbench CLI).
+
+Per model (`ds = analyses.cache.open_model(store, model)`, or `workbench.open_store(store,
+model=...)` without caching), each function returns labeled xarray with a `stat` dim
+(value, ci_low, ci_high: 95% bootstrap CI over samples) or, with `per_sample=True`, one value
+per sample:
+
+- `norms.norm_curves`, `norms.vision_text_ratio`            residual-stream norms by modality
+- `updates.absolute_update`, `updates.relative_update`      ‖h_l − h_{l−1}‖, ‖u_l‖/‖h_{l−1}‖
+- `rotation.cosine_to_first`, `rotation.cosine_to_previous` cos(h_l, h_0), cos(h_l, h_{l−1})
+- `correlation.text_curve_correlation`                      text curves across conditions
+- `attention.prefill_vision_mass`, `attention.decode_vision_mass`, `attention.vision_attention_kl`
+- `logits.logit_kl`, `logits.median_rank`                   next-token distributions
+- `kv.kv_cosine`, `kv.kv_substitution`                      the KV cache under intervention
+
+Store-wide: `tables.analyze(store)` (markdown), `tables.build_tables(store)` (with xarray data
+over a `model` dim), `report.write_report(store, out)`. Expensive per-sample reductions are
+cached in the store (`cache`); `streaming` reads bounded blocks; `synthetic` writes a store whose
+answers are known, for tests and demos.
+"""

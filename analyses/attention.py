@@ -14,12 +14,13 @@ Definitions (`decoder_layer` l is the l-th decoder layer; heads h = 1..H):
   → per (condition, sample, layer); the table averages over layers per sample, then over samples.
   The two conditions are matched token by token (same sample and position, same token sequence).
 
-Every summary is the mean over samples with a 95% bootstrap CI (`stat` dim). Each (condition,
-step, layer) slice is read in chunk-aligned row blocks.
+Every summary is the mean over samples with a 95% bootstrap CI (`stat` dim). Each analysis is one
+dask pass (two for the KL) over blocks of rows of one decode step (`streaming.group_sums`).
 """
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import xarray as xr
 
@@ -27,7 +28,8 @@ from workbench.store import MODALITIES
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
-from .streaming import GroupSums, iter_row_blocks, layer_values, layout, load, pair_rows, per_group_dataset
+from .streaming import (as_dask, group_sums, layer_values, layout, means, pair_rows, per_group_dataset, take_rows,
+                        token_rows)
 
 VISION = MODALITIES.index("vision")
 
@@ -37,17 +39,16 @@ def prefill_attention(ds: xr.Dataset) -> xr.Dataset:
     """Per (condition, sample, modality, decoder_layer): mean over query tokens of the head-mean
     prefill mass on vision keys (`mass`)."""
     lay = layout(ds, "token")
-    da = ds["prefill_vision_mass"]
-    dim, layers = layer_values(ds, da)
-    n_mod = len(MODALITIES)
-    mass = np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan)
-    for c, condition in enumerate(lay.conditions):
-        for i in range(len(layers)):
-            acc = GroupSums(len(lay.samples) * n_mod, ())
-            part = da.isel({dim: i})                                   # (token, head)
-            for rows, block in iter_row_blocks(part, lay.condition_rows[condition]):
-                acc.add(lay.sample_code[rows] * n_mod + lay.modality_code[rows], block.astype(np.float64).mean(-1))
-            mass[c, :, :, i] = acc.mean().reshape(len(lay.samples), n_mod)
+    var = ds["prefill_vision_mass"]                                  # (token, decoder_layer, head)
+    _, layers = layer_values(ds, var)
+    n_groups = len(lay.samples) * len(MODALITIES)
+    lazies = []
+    for condition in lay.conditions:
+        rows, codes = token_rows(lay, condition)
+        lazies.append(group_sums(lambda c, m: m.astype(np.float64).mean(-1), [take_rows(var.data, rows)], codes,
+                                 n_groups, len(layers)))
+    shape = (len(lay.samples), len(MODALITIES), len(layers))
+    mass = np.stack([means(r).reshape(shape) for r in dask.compute(*lazies)]) if lazies else np.zeros((0, *shape))
     return per_group_dataset(lay, {"mass": mass}, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
 
 
@@ -56,69 +57,75 @@ def decode_attention_mass(ds: xr.Dataset) -> xr.Dataset:
     """Per (condition, sample, step, decoder_layer): Σ over the sample's vision keys of the
     head-mean decode attention (`mass`); NaN where the sample has no vision key."""
     lay = layout(ds, "token")
-    da = ds["decode_attention"]
-    dim, layers = layer_values(ds, da)
-    steps = da.sizes["step"]
-    mass = np.full((len(lay.conditions), len(lay.samples), steps, len(layers)), np.nan)
-    for c, condition in enumerate(lay.conditions):
-        rows_c = lay.condition_rows[condition]
-        has_vision = np.zeros(len(lay.samples), bool)
-        has_vision[lay.sample_code[rows_c][lay.modality_code[rows_c] == VISION]] = True
-        sums = np.zeros((len(lay.samples), steps, len(layers)))
+    var = ds["decode_attention"]                                     # (token, step, decoder_layer, head)
+    _, layers = layer_values(ds, var)
+    steps = var.sizes["step"]
+    data = as_dask(var.data)
+    lazies = []
+    for condition in lay.conditions:
+        rows = lay.condition_rows[condition]
+        rows = rows[lay.modality_code[rows] == VISION]
         for s in range(steps):
-            for i in range(len(layers)):
-                part = da.isel({"step": s, dim: i})                    # (token, head)
-                for rows, block in iter_row_blocks(part, rows_c):
-                    vision = lay.modality_code[rows] == VISION
-                    np.add.at(sums[:, s, i], lay.sample_code[rows][vision],
-                              block[vision].astype(np.float64).mean(-1))
-        mass[c] = np.where(has_vision[:, None, None], sums, np.nan)
+            lazies.append(group_sums(lambda c, a: a.astype(np.float64).mean(-1), [take_rows(data[:, s], rows)],
+                                     lay.sample_code[rows], len(lay.samples), len(layers)))
+    results = dask.compute(*lazies)
+    mass = np.full((len(lay.conditions), len(lay.samples), steps, len(layers)), np.nan)
+    for i, r in enumerate(results):
+        c, s = divmod(i, steps)
+        mass[c, :, s] = np.where(r[1] > 0, r[0], np.nan)             # the sum over vision keys
     return per_group_dataset(lay, {"mass": mass}, lay.conditions, ("step", "decoder_layer"),
                              {"step": np.arange(steps), "decoder_layer": layers}, by_modality=False)
 
 
-def renormalized_kl(p_rows: np.ndarray, q_rows: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """KL(p ‖ q) per (group, column) after renormalizing p and q over the rows of each group.
-
-    p_rows, q_rows: (rows, columns) nonnegative weights; groups: (rows,) group index. Returns
-    (n_groups, columns) in nats; NaN for a group without rows or with zero total weight."""
-    p_rows, q_rows = p_rows.astype(np.float64), q_rows.astype(np.float64)
-    cols = p_rows.shape[1]
-    p_tot, q_tot = np.zeros((n_groups, cols)), np.zeros((n_groups, cols))
-    np.add.at(p_tot, groups, p_rows)
-    np.add.at(q_tot, groups, q_rows)
+def kl_terms(p: np.ndarray, q: np.ndarray, p_total: np.ndarray, q_total: np.ndarray) -> np.ndarray:
+    """p_k (ln p_k − ln q_k) after renormalizing the weights p, q by their totals (0 where p_k = 0;
+    +inf where q_k = 0 < p_k; NaN where a total is 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        p = p_rows / p_tot[groups]
-        q = q_rows / q_tot[groups]
-        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
-    kl = np.zeros((n_groups, cols))
-    np.add.at(kl, groups, terms)
-    return np.where((p_tot > 0) & (q_tot > 0), kl, np.nan)
+        p = p.astype(np.float64) / np.where(p_total > 0, p_total, np.nan)
+        q = q.astype(np.float64) / np.where(q_total > 0, q_total, np.nan)
+        return np.where(p > 0, p * (np.log(p) - np.log(q)), np.where(np.isnan(p) | np.isnan(q), np.nan, 0.0))
 
 
 @cached("attention_kl", version=1, variables=("decode_attention",))
 def attention_kl_per_sample(ds: xr.Dataset, reference: str = "baseline", step: int = 0) -> xr.Dataset:
     """Per (condition, sample, decoder_layer): head-mean KL(reference ‖ condition) of the decode
-    attention at `step` renormalized over the vision keys (`kl`, nats)."""
+    attention at `step` renormalized over the vision keys (`kl`, nats). Two streaming passes:
+    the per-sample totals over vision keys, then the KL terms."""
     lay = layout(ds, "token")
     if reference not in lay.condition_rows:
         raise MissingInputs(f"attention KL needs the reference condition {reference!r}")
-    da = ds["decode_attention"]
-    dim, layers = layer_values(ds, da)
-    kl = np.full((len(lay.conditions), len(lay.samples), len(layers)), np.nan)
-    for c, condition in enumerate(lay.conditions):
+    var = ds["decode_attention"]
+    _, layers = layer_values(ds, var)
+    heads = var.sizes["head"]
+    width = len(layers) * heads
+    data = as_dask(var.data)[:, step]                                # (token, decoder_layer, head)
+    n = len(lay.samples)
+    pairs = {}
+    for condition in lay.conditions:
         rows_c, rows_r = pair_rows(lay, condition, reference)
         vision = lay.modality_code[rows_c] == VISION
-        rows_c, rows_r = rows_c[vision], rows_r[vision]
-        if not len(rows_c):
-            continue
-        groups = lay.sample_code[rows_c]
-        present = np.isin(np.arange(len(lay.samples)), groups)
-        for i in range(len(layers)):
-            part = da.isel({"step": step, dim: i}).data               # (token, head)
-            p, q = load(part, rows_r), load(part, rows_c)
-            per_head = renormalized_kl(p, q, groups, len(lay.samples))
-            kl[c, :, i] = np.where(present, per_head.mean(-1), np.nan)
+        if vision.any():
+            pairs[condition] = (rows_c[vision], rows_r[vision])
+
+    def flat(c: np.ndarray, *blocks: np.ndarray) -> np.ndarray:
+        return np.concatenate([b.reshape(len(c), -1) for b in blocks], axis=1)
+
+    arrays = {c: [take_rows(data, r), take_rows(data, rc)] for c, (rc, r) in pairs.items()}
+    totals = dask.compute(*[group_sums(flat, arrays[c], lay.sample_code[rc], n, 2 * width)
+                            for c, (rc, _) in pairs.items()])
+    lazies = []
+    for (condition, (rows_c, _)), total in zip(pairs.items(), totals):
+        p_total, q_total = total[0][:, :width], total[0][:, width:]
+
+        def terms(c: np.ndarray, p: np.ndarray, q: np.ndarray, p_total=p_total, q_total=q_total) -> np.ndarray:
+            return kl_terms(p.reshape(len(c), -1), q.reshape(len(c), -1), p_total[c], q_total[c])
+
+        lazies.append(group_sums(terms, arrays[condition], lay.sample_code[rows_c], n, width))
+    kl = np.full((len(lay.conditions), n, len(layers)), np.nan)
+    for (condition, _), total, result in zip(pairs.items(), totals, dask.compute(*lazies)):
+        present = (result[1] > 0) & (total[0][:, :width] > 0) & (total[0][:, width:] > 0)
+        per_head = np.where(present, result[0], np.nan).reshape(n, len(layers), heads)
+        kl[lay.conditions.index(condition)] = per_head.mean(-1)
     return per_group_dataset(lay, {"kl": kl}, lay.conditions, ("decoder_layer",), {"decoder_layer": layers},
                              by_modality=False).assign_attrs(reference=reference, step=step)
 

@@ -13,9 +13,11 @@ variable read, the model's attrs, and the store's provenance (every `workbench r
 appends a record there). A new sample, a new condition, a rerun condition, a subset Dataset
 (`ds.sel(...)`) or other parameters give another fingerprint; an unchanged store gives the same
 one, and the cached Dataset is read back instead of recomputed. `force=True` recomputes (and
-overwrites). Writing a new entry removes older entries of the same analysis and parameters (stale
-inputs). Entries are written to a temporary group and renamed into place, so a reader never sees
-half an entry; a store that cannot be written (read-only copy) still gets results, uncached.
+overwrites). Of the entries of one analysis and parameters for different inputs (older states of
+the store, subsets) the newest `KEEP_PER_PARAMS` are kept. Entries are written to a temporary
+group and renamed into place, so a reader never sees half an entry; a store that cannot be
+written (read-only copy) still gets results, uncached. Within a process, entries read or written
+are also kept in memory (`_MEMO`), so tables sharing an analysis read it once.
 
 Values edited in memory (`ds["hidden"] = ds.hidden * 2`) keep the labels, shapes and provenance
 of the store: pass `cache=False` (or `force=True`) when analysing such a Dataset.
@@ -26,6 +28,7 @@ Dataset from `workbench.open_store` is analysed without a cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -37,9 +40,8 @@ import uuid
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-import numpy as np
 import pandas as pd
 import xarray as xr
 import zarr
@@ -50,6 +52,7 @@ from .streaming import as_str
 
 CACHE_GROUP = "_analyses"
 STORE_ATTR = "workbench_store"
+KEEP_PER_PARAMS = 3  # entries kept per (model, analysis, parameters) for different inputs
 COMPUTED: Counter = Counter()  # analysis name -> times computed in this process (not read from cache)
 
 
@@ -151,10 +154,10 @@ _MEMO: dict[tuple[str, str], xr.Dataset] = {}  # (entry path, fingerprint) -> re
 
 def read_entry(store: Path, model: str, name: str, key: str) -> xr.Dataset | None:
     path = _entry_dir(store, model, name) / key[:24]
+    if (str(path), key) in _MEMO:
+        return _MEMO[(str(path), key)].copy(deep=True)
     if not (path / "zarr.json").exists():
         return None
-    if (str(path), key) in _MEMO:
-        return _MEMO[(str(path), key)].copy()
     try:
         group = f"{CACHE_GROUP}/{model_key(model)}/{name}/{key[:24]}"
         result = xr.open_zarr(store, group=group, consolidated=False, zarr_format=3, chunks=None).load()
@@ -165,13 +168,13 @@ def read_entry(store: Path, model: str, name: str, key: str) -> xr.Dataset | Non
     result.attrs.pop("fingerprint", None)
     result = _from_zarr(result)
     _remember(str(path), key, result)
-    return result.copy()
+    return result.copy(deep=True)
 
 
 def _remember(path: str, key: str, result: xr.Dataset) -> None:
     if len(_MEMO) > 256:
         _MEMO.clear()
-    _MEMO[(path, key)] = result.copy()
+    _MEMO[(path, key)] = result.copy(deep=True)
 
 
 def write_entry(store: Path, model: str, name: str, key: str, result: xr.Dataset, meta: dict[str, Any]) -> None:
@@ -192,19 +195,20 @@ def write_entry(store: Path, model: str, name: str, key: str, result: xr.Dataset
             os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    memo = result.copy()
-    memo.attrs = {k: v for k, v in data.attrs.items() if k != "fingerprint"}
-    _remember(str(final), key, memo)
-    # older entries of the same analysis and parameters: their inputs changed, drop them
+    # entries of the same analysis and parameters for other inputs (an older state of the store,
+    # or a subset of it): keep the newest few
+    siblings = []
     for other in base.iterdir():
         if other.name == final.name or not other.is_dir() or other.name.startswith("."):
             continue
         try:
-            attrs = json.loads((other / "zarr.json").read_text()).get("attributes", {})
+            meta_file = other / "zarr.json"
+            if json.loads(meta_file.read_text()).get("attributes", {}).get("params") == meta["params"]:
+                siblings.append((meta_file.stat().st_mtime, other.name, other))
         except (OSError, ValueError):
             continue
-        if attrs.get("params") == meta["params"]:
-            shutil.rmtree(other, ignore_errors=True)
+    for *_, other in sorted(siblings, reverse=True)[KEEP_PER_PARAMS - 1:]:
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def cache_entries(store: str | Path) -> list[dict[str, Any]]:
@@ -228,6 +232,25 @@ def clear_cache(store: str | Path) -> None:
 
 
 # -- the decorator -----------------------------------------------------------------------------
+
+_FORCING: set[str] | None = None  # fingerprints recomputed in the current `forcing()` scope
+
+
+@contextlib.contextmanager
+def forcing() -> Iterator[None]:
+    """Within this scope every cached analysis is recomputed, once per fingerprint: later calls
+    for the same inputs reuse that result (what `--force` means for a set of tables sharing
+    analyses). Nested scopes share the outer one."""
+    global _FORCING
+    if _FORCING is not None:
+        yield
+        return
+    _FORCING = set()
+    try:
+        yield
+    finally:
+        _FORCING = None
+
 
 
 def cached(name: str, version: int, variables: tuple[str, ...]) -> Callable:
@@ -257,6 +280,9 @@ def cached(name: str, version: int, variables: tuple[str, ...]) -> Callable:
                 key = fingerprint(name, version, params, inputs)
                 meta = {"analysis": name, "version": version, "params": json.dumps(params, sort_keys=True),
                         "model": model}
+                if _FORCING is not None and key not in _FORCING:
+                    force = True
+                    _FORCING.add(key)
                 if not force:
                     hit = read_entry(store, model, name, key)
                     if hit is not None:
@@ -266,9 +292,10 @@ def cached(name: str, version: int, variables: tuple[str, ...]) -> Callable:
             result = fn(*bound.args, **bound.kwargs)
             result.attrs.update({"analysis": name, "params": json.dumps(params, sort_keys=True)})
             if store is not None:
+                meta["computed"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+                _remember(str(_entry_dir(store, model, name) / key[:24]), key, result.assign_attrs(meta))
                 try:
-                    write_entry(store, model, name, key, result,
-                                {**meta, "computed": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                    write_entry(store, model, name, key, result, meta)
                     result.attrs["cache"] = "computed"
                 except (OSError, PermissionError, ValueError) as err:
                     warnings.warn(f"could not cache {name} in {store}: {err}", stacklevel=2)

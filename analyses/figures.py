@@ -36,7 +36,7 @@ _CONDITION_PALETTE = ("#000000", "#ff7f0e", "#8c564b", "#637939", "#7b4173")
 LAYER_LABEL = "layer l (0 = LLM input, l = after l decoder layers)"
 DECODER_LAYER_LABEL = "decoder layer"
 ALPHA_LABEL = "α, scale factor of the projector output (log scale)"
-DPI = 120
+DPI = 100
 
 
 def _sweep_name(sweep: str) -> str:
@@ -140,7 +140,8 @@ def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) 
         for modality, color in MODALITY_COLORS.items():
             _band(ax, cos.layer, cos.sel(modality=modality), color, modality)
         ax.axhline(0, color="#999999", linewidth=0.8)
-        ax.set(title=model, xlabel=LAYER_LABEL, ylabel="mean cos(h_l, h_0) (unitless)", ylim=(-0.2, 1.05))
+        ax.set(title=model, xlabel=LAYER_LABEL, ylabel="mean cos(h_l, h_0) (unitless)")
+        ax.set_ylim(top=1.05)
         ax.legend(title="modality", fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
@@ -201,7 +202,7 @@ def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -
         fig_file.skipped = "; ".join(missing)
         return fig_file
     colors = model_colors(list(models))
-    fig, axes = _grid(1, 2)
+    fig, axes = _grid(1, 2, width=5.5, height=3.8)
     for model, ds in usable.items():
         if "prefill_vision_mass" in ds.data_vars:
             mass = attention.prefill_vision_mass(ds, "text", **options.boot()).sel(condition=ref)
@@ -209,10 +210,10 @@ def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -
         if "decode_attention" in ds.data_vars:
             mass = attention.decode_vision_mass(ds, None, **options.boot()).sel(condition=ref)
             _band(axes[0, 1], mass.decoder_layer, mass, colors[model], model, marker="o")
-    axes[0, 0].set(title="prefill: text queries (mean over heads and text tokens)", xlabel=DECODER_LAYER_LABEL,
+    axes[0, 0].set(title="prefill: text-token queries\n(mean over heads and text tokens)", xlabel=DECODER_LAYER_LABEL,
                    ylabel="attention mass on vision keys (probability)")
-    axes[0, 1].set(title="decode: generated-token queries (mean over heads and steps)", xlabel=DECODER_LAYER_LABEL,
-                   ylabel="attention mass on vision keys (probability)")
+    axes[0, 1].set(title="decode: generated-token queries\n(mean over heads and decode steps)",
+                   xlabel=DECODER_LAYER_LABEL, ylabel="attention mass on vision keys (probability)")
     for ax in axes[0]:
         ax.set_ylim(bottom=0)
         ax.legend(title="model", fontsize=8)
@@ -247,7 +248,7 @@ def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
         fig_file.skipped = "; ".join(missing)
         return fig_file
     colors = model_colors(list(models))
-    fig, axes = _grid(1, 2)
+    fig, axes = _grid(1, 2, width=5.5, height=3.8)
     for model, ds in usable.items():
         panels = []
         if "decode_attention" in ds.data_vars:
@@ -287,7 +288,7 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
         fig_file.skipped = "; ".join(missing)
         return fig_file
     colors = model_colors(list(models))
-    fig, axes = _grid(1, 2)
+    fig, axes = _grid(1, 2, width=5.5, height=3.8)
     for model, ds in usable.items():
         est = kv.kv_cosine(ds, ref, "vision", **options.boot())
         x, k = _alpha_series(ds, est["cos_k"], sweep)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import xarray as xr
 
@@ -21,7 +22,7 @@ from workbench.store import MODALITIES
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
 from .logits import next_token_comparison
-from .streaming import GroupSums, iter_paired_blocks, layer_values, layout, pair_rows, per_group_dataset
+from .streaming import group_sums, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
 
 
 def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -36,20 +37,23 @@ def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
     if reference not in lay.condition_rows:
         raise MissingInputs(f"K/V cosines need the reference condition {reference!r}")
     names = [n for n in ("keys", "values") if n in ds.data_vars]
-    dim, layers = layer_values(ds, ds[names[0]])
+    _, layers = layer_values(ds, ds[names[0]])
     n_mod = len(MODALITIES)
-    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    jobs, lazies = [], []
     for c, condition in enumerate(lay.conditions):
         rows_c, rows_r = pair_rows(lay, condition, reference)
+        known = lay.modality_code[rows_c] >= 0
+        rows_c, rows_r = rows_c[known], rows_r[known]
         if not len(rows_c):
             continue
+        codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
         for name in names:
-            for i in range(len(layers)):
-                acc = GroupSums(len(lay.samples) * n_mod, ())
-                part = ds[name].isel({dim: i}).data                     # (token, kv)
-                for a, _, x, y in iter_paired_blocks(part, rows_c, rows_r):
-                    acc.add(lay.sample_code[a] * n_mod + lay.modality_code[a], row_cosine(x, y))
-                out[f"cos_{name[0]}"][c, :, :, i] = acc.mean().reshape(len(lay.samples), n_mod)
+            jobs.append((c, f"cos_{name[0]}"))
+            lazies.append(group_sums(lambda g, x, y: row_cosine(x, y), [take_rows(ds[name].data, rows_c),
+                                     take_rows(ds[name].data, rows_r)], codes, len(lay.samples) * n_mod, len(layers)))
+    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    for (c, key), result in zip(jobs, dask.compute(*lazies)):
+        out[key][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
     return per_group_dataset(lay, out, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
 
 

@@ -9,17 +9,18 @@ sample), in float64 after renormalizing each row (log-sum-exp):
 - rank of the reference's top token: t = argmax_v p_r(v); rank = #{v : ln p_c(v) > ln p_c(t)}
   (0 = still the top token); the table reports the median over samples.
 
-Rows are read in blocks of runs of one step.
+One dask pass over blocks of runs of one step (`streaming.row_map`).
 """
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
-from .streaming import iter_paired_blocks, layout, pair_runs
+from .streaming import as_dask, layout, pair_runs, row_map, take_rows
 
 
 def _normalized(logprobs: np.ndarray) -> np.ndarray:
@@ -54,18 +55,23 @@ def next_token_comparison(ds: xr.Dataset, reference: str = "baseline", step: int
     if reference not in lay.condition_rows:
         raise MissingInputs(f"logit comparisons need the reference condition {reference!r}")
     conditions = lay.conditions if conditions is None else [c for c in lay.conditions if c in conditions]
-    part = ds["logprobs"].isel(step=step).data                              # (run, vocab)
-    shape = (len(conditions), len(lay.samples))
-    out = {k: np.full(shape, np.nan) for k in ("kl", "rank", "top_token", "condition_top")}
+    part = as_dask(ds["logprobs"].data)[:, step]                          # (run, vocab)
+
+    def compare(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+        top, rank = top_token_rank(log_p, log_q)
+        return np.stack([kl_from_logprobs(log_p, log_q), rank, top, np.argmax(log_q, axis=-1)], axis=1)
+
+    jobs, lazies = [], []
     for c, condition in enumerate(conditions):
         rows_c, rows_r = pair_runs(lay, condition, reference)
-        for a, _, log_q, log_p in iter_paired_blocks(part, rows_c, rows_r):
-            samples = lay.sample_code[a]
-            top, rank = top_token_rank(log_p, log_q)
-            out["kl"][c, samples] = kl_from_logprobs(log_p, log_q)
-            out["rank"][c, samples] = rank
-            out["top_token"][c, samples] = top
-            out["condition_top"][c, samples] = np.argmax(log_q, axis=-1)
+        if len(rows_c):
+            jobs.append((c, lay.sample_code[rows_c]))
+            lazies.append(row_map(compare, [take_rows(part, rows_r), take_rows(part, rows_c)], 4))
+    shape = (len(conditions), len(lay.samples))
+    out = {k: np.full(shape, np.nan) for k in ("kl", "rank", "top_token", "condition_top")}
+    for (c, samples), values in zip(jobs, dask.compute(*lazies)):
+        for i, key in enumerate(out):
+            out[key][c, samples] = values[:, i]
     coords = {"condition": np.array(conditions, dtype=str), "sample": np.array(lay.samples, dtype=str),
               **lay.sweep_coords(conditions)}
     return xr.Dataset({k: (("condition", "sample"), v) for k, v in out.items()}, coords=coords,

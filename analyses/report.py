@@ -7,11 +7,13 @@ store lacks are replaced by one line saying what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from workbench.store import store_info
 
+from .cache import forcing
 from .figures import FigureFile, write_figures
 from .tables import Options, Table, build_tables, open_models
 
@@ -50,9 +52,9 @@ def write_report(store: str | Path, out: str | Path, options: Options | None = N
     options = options or Options()
     out.mkdir(parents=True, exist_ok=True)
     opened = open_models(store, models)
-    tables: dict[str, Table] = {t.name: t for t in build_tables(store, None, options, models, opened)}
-    # build_tables has dropped the cache if force asked for it; the figures reuse what it computed
-    figures = {f.name.removesuffix(".png"): f for f in write_figures(opened, options, out)}
+    with forcing() if options.force else contextlib.nullcontext():   # each analysis recomputed once
+        tables: dict[str, Table] = {t.name: t for t in build_tables(store, None, options, models, opened)}
+        figures = {f.name.removesuffix(".png"): f for f in write_figures(opened, options, out)}
     lines = ["# Norm-gap analyses", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `workbench report`.", ""]
     lines += _store_summary(store)
     lines += ["", "Every number is a mean over samples (median rank: a median) with its 95% bootstrap CI over "

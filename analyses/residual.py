@@ -13,44 +13,49 @@ input), in float64:
 (`update`, `relative_update` and `cos_prev` need layer l−1 stored; NaN otherwise, and at l = 0.)
 Each is averaged over the tokens of one (condition, sample, modality): the result holds one value
 per sample, so that every sample weighs the same in later means and bootstrap intervals over
-samples. Token rows are read in chunk-aligned blocks (all layers of a block at once), so memory is
-bounded by a block.
+samples. A zero vector has no direction: its cosines and relative update are left out (NaN). One
+dask pass over blocks of token rows (all layers of a block at once; `streaming.group_sums`), so
+memory is bounded by a block per thread.
 """
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import xarray as xr
 
 from workbench.store import MODALITIES
 
 from .cache import cached
-from .streaming import GroupSums, iter_row_blocks, layer_values, layout, per_group_dataset
+from .streaming import group_sums, layer_values, layout, means, per_group_dataset, take_rows, token_rows
 
 METRICS = ("norm", "update", "relative_update", "cos_first", "cos_prev")
 
 
 def token_metrics(x: np.ndarray, layers: np.ndarray) -> np.ndarray:
-    """(rows, layers, dim) residual rows -> (rows, 5, layers): the METRICS of every token and layer."""
-    x = x.astype(np.float64, copy=False)
+    """(rows, layers, dim) residual rows -> (rows, 5, layers): the METRICS of every token and layer
+    (float64, computed a few rows at a time to bound temporaries)."""
     rows, n_layers = x.shape[:2]
     out = np.full((rows, len(METRICS), n_layers), np.nan)
-    norm = np.sqrt(np.einsum("rld,rld->rl", x, x))
-    out[:, 0] = norm
-    with np.errstate(invalid="ignore", divide="ignore"):
+    step = max(1, (8 << 20) // max(1, x[0].size * 8))
+    consecutive = np.diff(layers) == 1
+    first = np.flatnonzero(layers == 0)
+    for a in range(0, rows, step):
+        h = x[a:a + step].astype(np.float64)
+        norm = np.sqrt(np.einsum("rld,rld->rl", h, h))
+        safe = np.where(norm > 0, norm, np.nan)                      # a zero vector has no direction
+        part = out[a:a + step]
+        part[:, 0] = norm
         if n_layers > 1:
-            consecutive = np.diff(layers) == 1
-            u = x[:, 1:] - x[:, :-1]
+            u = h[:, 1:] - h[:, :-1]
             update = np.sqrt(np.einsum("rld,rld->rl", u, u))
-            del u
-            dot_prev = np.einsum("rld,rld->rl", x[:, 1:], x[:, :-1])
-            out[:, 1, 1:] = np.where(consecutive, update, np.nan)
-            out[:, 2, 1:] = np.where(consecutive, update / norm[:, :-1], np.nan)
-            out[:, 4, 1:] = np.where(consecutive, dot_prev / (norm[:, 1:] * norm[:, :-1]), np.nan)
-        first = np.flatnonzero(layers == 0)
+            dot_prev = np.einsum("rld,rld->rl", h[:, 1:], h[:, :-1])
+            part[:, 1, 1:] = np.where(consecutive, update, np.nan)
+            part[:, 2, 1:] = np.where(consecutive, update / safe[:, :-1], np.nan)
+            part[:, 4, 1:] = np.where(consecutive, dot_prev / (safe[:, 1:] * safe[:, :-1]), np.nan)
         if len(first):
             i0 = int(first[0])
-            out[:, 3] = np.einsum("rld,rd->rl", x, x[:, i0]) / (norm * norm[:, i0:i0 + 1])
+            part[:, 3] = np.einsum("rld,rd->rl", h, h[:, i0]) / (safe * safe[:, i0:i0 + 1])
     return out
 
 
@@ -59,20 +64,19 @@ def residual_geometry(ds: xr.Dataset) -> xr.Dataset:
     """Per (condition, sample, modality, layer): the token means of METRICS (module doc), plus
     `tokens (condition, sample, modality)`, the number of tokens averaged."""
     lay = layout(ds, "token")
-    da = ds["hidden"]
-    dim, layers = layer_values(ds, da)
-    n_mod = len(MODALITIES)
-    shape = (len(lay.conditions), len(lay.samples), n_mod, len(METRICS), len(layers))
-    means = np.full(shape, np.nan)
-    tokens = np.zeros(shape[:3])
-    for c, condition in enumerate(lay.conditions):
-        acc = GroupSums(len(lay.samples) * n_mod, (len(METRICS), len(layers)))
-        for rows, block in iter_row_blocks(da, lay.condition_rows[condition]):
-            codes = lay.sample_code[rows] * n_mod + lay.modality_code[rows]
-            acc.add(codes, token_metrics(block, layers))
-        means[c] = acc.mean().reshape(len(lay.samples), n_mod, len(METRICS), len(layers))
-        tokens[c] = acc.count[:, 0, 0].reshape(len(lay.samples), n_mod)
-    data = {name: np.moveaxis(means, 3, 0)[i] for i, name in enumerate(METRICS)}
+    hidden = ds["hidden"]
+    _, layers = layer_values(ds, hidden)
+    n_groups, width = len(lay.samples) * len(MODALITIES), len(METRICS) * len(layers)
+    lazies = []
+    for condition in lay.conditions:
+        rows, codes = token_rows(lay, condition)
+        lazies.append(group_sums(lambda c, h: token_metrics(h, layers), [take_rows(hidden.data, rows)], codes,
+                                 n_groups, width))
+    shape = (len(lay.samples), len(MODALITIES), len(METRICS), len(layers))
+    results = dask.compute(*lazies)
+    mean = np.stack([means(r).reshape(shape) for r in results]) if results else np.zeros((0, *shape))
+    tokens = np.stack([r[1].reshape(shape)[:, :, 0, 0] for r in results]) if results else np.zeros((0, *shape[:2]))
+    data = {name: mean[:, :, :, i] for i, name in enumerate(METRICS)}
     result = per_group_dataset(lay, data, lay.conditions, ("layer",), {"layer": layers})
     result["tokens"] = (("condition", "sample", "modality"), tokens)
     result.attrs["model_id"] = ds.attrs.get("model_id", "")

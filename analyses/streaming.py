@@ -1,21 +1,26 @@
-"""How analyses read a store in bounded memory: token/run labels, row blocks, paired rows and
-per-group accumulation.
+"""How analyses read a store in bounded memory: token/run labels, paired rows, and lazy
+per-group reductions.
 
 A model's Dataset (from `workbench.open_store(path, model=...)`) concatenates its conditions
 along `token` (and `run`); each condition is a contiguous range of rows, chunked by zarr in ~2 MiB
-blocks of rows of one layer each. Analyses here never load a variable whole: they walk a
-condition's rows in blocks aligned to those chunks (`iter_row_blocks`, at most `BLOCK_BYTES` of
-decoded data per block, or one chunk if a chunk is larger) and reduce every block at once into
-small per-(sample, modality) sums (`GroupSums`). Memory is bounded by a block, not by the store.
+blocks of rows of one layer each. Analyses never load a variable whole. They build one dask graph
+per analysis: for every block of rows (the stored row chunks, all layers of them together, split
+where a block would exceed 4 × `BLOCK_BYTES`), a task computes the per-token metric and reduces
+it at once to per-group (e.g. per sample and modality) sums and counts (`group_sums`); the small
+partial sums are added up in a tree. One `dask.compute` runs it in parallel threads, and memory
+is bounded by a block per thread, not by the store. (A loop of small computes was tried first:
+each compute re-optimizes the whole store's graph, 40–100 ms per call on a store of 10⁵ chunks.)
 
 Nothing here imports torch or nnsight.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable
 
+import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -23,7 +28,7 @@ import xarray as xr
 from workbench.store import MODALITIES, RUN_PREFIX
 
 TOKEN_LABELS = ("condition", "sample", "position", "modality", "token_id")
-BLOCK_BYTES = 64 * 1024 * 1024   # decoded bytes per block read (tests lower it to force many blocks)
+BLOCK_BYTES = 128 * 1024 * 1024  # most decoded bytes of one block of rows (tests lower it to force many blocks)
 LAYER_DIMS = ("layer", "decoder_layer")
 
 
@@ -70,8 +75,25 @@ def as_str(values) -> np.ndarray:
     return np.asarray(values).astype(object).astype(str)
 
 
+_LAYOUTS: dict[tuple[int, str], tuple[object, Layout]] = {}  # id(index) -> (index kept alive, its Layout)
+
+
 def layout(ds: xr.Dataset, dim: str = "token") -> Layout:
-    """The labels of `dim` ("token" or "run") of a model's Dataset."""
+    """The labels of `dim` ("token" or "run") of a model's Dataset (memoized per index object:
+    pandas indexes are immutable, and a subset of a Dataset has a new one)."""
+    index = ds.indexes.get(dim)
+    key = (id(index), dim)
+    if index is not None and key in _LAYOUTS and _LAYOUTS[key][0] is index:
+        return _LAYOUTS[key][1]
+    result = _layout(ds, dim)
+    if index is not None:
+        if len(_LAYOUTS) > 64:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = (index, result)
+    return result
+
+
+def _layout(ds: xr.Dataset, dim: str) -> Layout:
     prefix = RUN_PREFIX if dim == "run" else ""
     if dim not in ds.dims or ds.sizes[dim] == 0:
         return Layout(dim, [], [], {}, np.zeros(0, int), np.zeros(0, int), None, None, {})
@@ -84,6 +106,7 @@ def layout(ds: xr.Dataset, dim: str = "token") -> Layout:
     samples = sorted(set(sample.tolist()))
     sample_code = pd.Index(samples).get_indexer(sample)
     if dim == "token":
+        # an unknown modality gets -1: `token_rows` leaves such rows out
         modality_code = pd.Index(list(MODALITIES)).get_indexer(as_str(ds["modality"].values))
         position = np.asarray(ds["position"].values).astype(np.int64)
         token_id = np.asarray(ds["token_id"].values).astype(np.int64)
@@ -97,56 +120,110 @@ def layout(ds: xr.Dataset, dim: str = "token") -> Layout:
     return Layout(dim, conditions, samples, rows, sample_code, modality_code, position, token_id, sweep)
 
 
-# -- reading rows in blocks -------------------------------------------------------------------
+# -- lazy reductions over rows ---------------------------------------------------------------
 
 
-def _chunk_bounds(data, n: int) -> np.ndarray:
-    chunks = getattr(data, "chunks", None)
-    if chunks and isinstance(chunks[0], tuple):
-        return np.cumsum((0,) + tuple(chunks[0]))
-    return np.array([0, n])
+def as_dask(x) -> da.Array:
+    """`x` (an xarray variable's data: dask or numpy) as a dask array; numpy data is cut into row
+    blocks of at most BLOCK_BYTES."""
+    if isinstance(x, da.Array):
+        return x
+    x = np.asarray(x)
+    row_bytes = max(1, int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize)
+    return da.from_array(x, chunks=(max(1, BLOCK_BYTES // row_bytes),) + x.shape[1:])
 
 
-def _contiguous_runs(rows: np.ndarray) -> list[tuple[int, int]]:
-    if len(rows) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(rows)]])
-    return [(int(rows[s]), int(rows[e - 1]) + 1) for s, e in zip(starts, ends)]
+def take_rows(x, rows: np.ndarray) -> da.Array:
+    """Rows `rows` (any order) of `x` along its first axis, lazily (a slice when contiguous)."""
+    x = as_dask(x)
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and np.all(np.diff(rows) == 1):
+        return x[int(rows[0]):int(rows[-1]) + 1]
+    return x[rows]
 
 
-def load(data, index) -> np.ndarray:
-    """Rows `index` (a slice or ascending integer array) of a numpy or dask array, as numpy."""
-    if isinstance(index, np.ndarray) and len(index) and np.all(np.diff(index) == 1):
-        index = slice(int(index[0]), int(index[-1]) + 1)
-    part = data[index]
-    return np.asarray(part.compute() if hasattr(part, "compute") else part)
+def _row_blocks(arrays: list[da.Array]) -> list[da.Array]:
+    """2-D (rows, everything else) views with the first array's row chunks and one chunk across
+    the rest; rows are split further where a block (all arrays) would exceed BLOCK_BYTES."""
+    arrays = [a.rechunk({i: -1 for i in range(1, a.ndim)}) if a.ndim > 1 else a for a in arrays]
+    row_bytes = sum(max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize) for a in arrays)
+    limit = max(1, BLOCK_BYTES // row_bytes)
+    rows = []
+    for n in arrays[0].chunks[0]:
+        while n > limit:
+            rows.append(limit)
+            n -= limit
+        if n:
+            rows.append(n)
+    rows = tuple(rows) or (0,)
+    flat = []
+    for a in arrays:
+        a = a.rechunk({0: rows})
+        flat.append(a.reshape(a.shape[0], -1) if a.ndim != 2 else a)
+    return flat
 
 
-def iter_row_blocks(da: xr.DataArray, rows: np.ndarray, block_bytes: int | None = None
-                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(row indices, values) of `rows` of `da` (first dim), block by block.
+def group_sums(fn: Callable[..., np.ndarray], arrays: list, codes: np.ndarray, n_groups: int,
+               width: int) -> da.Array:
+    """Lazy (2, n_groups, width): sums and counts of the values of fn per group (NaN skipped).
 
-    Blocks follow the array's chunks along its first dim and join whole chunks while they stay
-    within `block_bytes` of decoded data (default `BLOCK_BYTES`); a block is never smaller than
-    one chunk's rows within `rows`."""
-    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
-    data = da.data
-    n = da.shape[0]
-    row_bytes = max(1, int(np.prod(da.shape[1:], dtype=np.int64)) * da.dtype.itemsize)
-    max_rows = max(1, block_bytes // row_bytes)
-    bounds = _chunk_bounds(data, n)
-    for start, stop in _contiguous_runs(np.asarray(rows)):
-        cuts = [start, *[int(b) for b in bounds if start < b < stop], stop]
-        a = cuts[0]
-        for i in range(1, len(cuts)):
-            b = cuts[i]
-            nxt = cuts[i + 1] if i + 1 < len(cuts) else None
-            if nxt is not None and nxt - a <= max_rows:
-                continue  # the next chunk still fits in this block
-            yield np.arange(a, b), load(data, slice(a, b))
-            a = b
+    `arrays` hold the same rows (first axis) in the same order; `codes[row]` is the row's group.
+    For every block of rows, fn(codes_block, *blocks) returns (rows, width) values (NaN: none)
+    and only the block's per-group sums leave the task: memory is bounded by a block per worker
+    thread. Compute several with `dask.compute(*lazies)` (one pass over the graph)."""
+    arrays = [as_dask(a) for a in arrays]
+    if arrays[0].shape[0] == 0:
+        return da.zeros((2, n_groups, width))
+    shapes = [a.shape[1:] for a in arrays]
+    flat = _row_blocks(arrays)
+    codes = da.from_array(np.asarray(codes, dtype=np.int64).reshape(-1, 1), chunks=(flat[0].chunks[0], (1,)))
+
+    def block(*blocks: np.ndarray) -> np.ndarray:
+        *xs, c = blocks
+        c = c[:, 0]
+        out = np.zeros((2, n_groups, width))
+        if len(c):
+            xs = [x.reshape((len(c),) + shape) for x, shape in zip(xs, shapes)]
+            values = np.asarray(fn(c, *xs), dtype=np.float64).reshape(len(c), width)
+            present = ~np.isnan(values)
+            np.add.at(out[0], c, np.where(present, values, 0.0))
+            np.add.at(out[1], c, present)
+        return out.reshape(1, -1)
+
+    n_blocks = len(flat[0].chunks[0])
+    parts = da.map_blocks(block, *flat, codes, chunks=((1,) * n_blocks, (2 * n_groups * width,)),
+                          dtype=np.float64, name=f"group-sums-{uuid.uuid4().hex}")
+    return parts.sum(axis=0).reshape(2, n_groups, width)
+
+
+def row_map(fn: Callable[..., np.ndarray], arrays: list, width: int) -> da.Array:
+    """Lazy (rows, width): fn(*blocks) for every block of rows of `arrays` (same rows)."""
+    arrays = [as_dask(a) for a in arrays]
+    if arrays[0].shape[0] == 0:
+        return da.zeros((0, width))
+    shapes = [a.shape[1:] for a in arrays]
+    flat = _row_blocks(arrays)
+
+    def block(*xs: np.ndarray) -> np.ndarray:
+        n = xs[0].shape[0]
+        xs = [x.reshape((n,) + shape) for x, shape in zip(xs, shapes)]
+        return np.asarray(fn(*xs), dtype=np.float64).reshape(n, width)
+
+    return da.map_blocks(block, *flat, chunks=(flat[0].chunks[0], (width,)), dtype=np.float64,
+                         name=f"row-map-{uuid.uuid4().hex}")
+
+
+def token_rows(lay: Layout, condition: str) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, group codes sample × modality) of a condition's tokens of a known modality."""
+    rows = lay.condition_rows[condition]
+    rows = rows[lay.modality_code[rows] >= 0]
+    return rows, lay.sample_code[rows] * len(MODALITIES) + lay.modality_code[rows]
+
+
+def means(sums_counts: np.ndarray) -> np.ndarray:
+    """Computed `group_sums` -> per-group means (NaN where a group has no value)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sums_counts[1] > 0, sums_counts[0] / np.maximum(sums_counts[1], 1), np.nan)
 
 
 # -- pairing rows of two conditions ---------------------------------------------------------
@@ -192,39 +269,21 @@ def pair_runs(lay: Layout, condition: str, reference: str) -> tuple[np.ndarray, 
 # -- accumulation ----------------------------------------------------------------------------
 
 
-class GroupSums:
-    """Sums and counts of finite values per group (a row of `codes`), for a mean per group."""
-
-    def __init__(self, n_groups: int, shape: tuple[int, ...]):
-        self.sum = np.zeros((n_groups, *shape))
-        self.count = np.zeros((n_groups, *shape))
-
-    def add(self, codes: np.ndarray, values: np.ndarray) -> None:
-        values = np.asarray(values, dtype=np.float64)
-        finite = np.isfinite(values)
-        np.add.at(self.sum, codes, np.where(finite, values, 0.0))
-        np.add.at(self.count, codes, finite)
-
-    def mean(self) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.count > 0, self.sum / np.maximum(self.count, 1), np.nan)
-
-
-def layer_dim(da: xr.DataArray) -> str:
+def layer_dim(var: xr.DataArray) -> str:
     """The layer dim of a variable: `layer` (residual stream) or `decoder_layer` (K/V/attention)."""
-    for dim in da.dims:
+    for dim in var.dims:
         if dim in LAYER_DIMS:
             return dim
-    raise ValueError(f"{da.name} has no layer dim (expected one of {LAYER_DIMS}); dims {da.dims}")
+    raise ValueError(f"{var.name} has no layer dim (expected one of {LAYER_DIMS}); dims {var.dims}")
 
 
-def layer_values(ds: xr.Dataset, da: xr.DataArray) -> tuple[str, np.ndarray]:
-    dim = layer_dim(da)
-    values = ds[dim].values if dim in ds.coords else np.arange(da.sizes[dim])
+def layer_values(ds: xr.Dataset, var: xr.DataArray) -> tuple[str, np.ndarray]:
+    dim = layer_dim(var)
+    values = ds[dim].values if dim in ds.coords else np.arange(var.sizes[dim])
     return dim, np.asarray(values).astype(np.int64)
 
 
-def per_group_dataset(lay: Layout, means: dict[str, np.ndarray], conditions: list[str], extra_dims: tuple[str, ...],
+def per_group_dataset(lay: Layout, values: dict[str, np.ndarray], conditions: list[str], extra_dims: tuple[str, ...],
                       extra_coords: dict[str, np.ndarray], by_modality: bool = True) -> xr.Dataset:
     """Wrap arrays (condition, sample, [modality,] *extra) as a labeled Dataset."""
     dims = ("condition", "sample", *(("modality",) if by_modality else ()), *extra_dims)
@@ -233,16 +292,4 @@ def per_group_dataset(lay: Layout, means: dict[str, np.ndarray], conditions: lis
         coords["modality"] = np.array(MODALITIES, dtype=str)
     coords.update(extra_coords)
     coords.update(lay.sweep_coords(conditions))
-    return xr.Dataset({name: (dims, value) for name, value in means.items()}, coords=coords)
-
-
-def iter_paired_blocks(data, rows_a: np.ndarray, rows_b: np.ndarray, block_bytes: int | None = None
-                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """(rows_a part, rows_b part, values at rows_a part, values at rows_b part) of a 2-D+ array
-    (rows first), in pieces of at most `block_bytes` of decoded data for both sides together."""
-    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
-    row_bytes = max(1, int(np.prod(data.shape[1:], dtype=np.int64)) * data.dtype.itemsize * 2)
-    step = max(1, block_bytes // row_bytes)
-    for start in range(0, len(rows_a), step):
-        a, b = rows_a[start:start + step], rows_b[start:start + step]
-        yield a, b, load(data, a), load(data, b)
+    return xr.Dataset({name: (dims, value) for name, value in values.items()}, coords=coords)

@@ -50,6 +50,8 @@ class SyntheticModel:
     vocab: int = 40
     steps: int = 2
     ratio: float = 15.0        # vision/text norm ratio at layer 0 (baseline)
+    captures: tuple[str, ...] | None = None   # variables this model stores (None: all asked for)
+    extra_conditions: tuple[str, ...] | None = None   # of blank/none/hybrid (None: all asked for)
 
     def norm(self, modality: str, layer: int | np.ndarray) -> np.ndarray:
         """Norm schedule per layer for sample factor 1 (vision carries `ratio`)."""
@@ -76,7 +78,10 @@ class SyntheticModel:
 
 DEFAULT_MODELS = (
     SyntheticModel("syn/a-small", n_layers=3, dim=16, heads=2, kv=8, vocab=40, ratio=15.0),
-    SyntheticModel("syn/b-deeper", n_layers=4, dim=12, heads=4, kv=6, vocab=30, ratio=20.0),
+    # a second model run with less: no K/V or prefill attention, only the α sweep (tables leave it
+    # out where it lacks inputs, saying so)
+    SyntheticModel("syn/b-deeper", n_layers=4, dim=12, heads=4, kv=6, vocab=30, ratio=20.0,
+                   captures=("hidden", "decode_attention", "logprobs", "generated"), extra_conditions=()),
 )
 
 
@@ -166,10 +171,14 @@ def write_synthetic_store(
                 rng = np.random.default_rng([seed, k, i_sample])
                 base = _sample_tensors(m, rng, i_sample)
                 for condition in conditions:
+                    if condition in extra_conditions and m.extra_conditions is not None \
+                            and condition not in m.extra_conditions:
+                        continue
                     alpha = float(condition.split("=")[1]) if condition.startswith("alpha=") else None
                     crng = np.random.default_rng([seed, k, i_sample, sum(map(ord, condition))])
                     tensors = _condition_tensors(m, crng, base, i_sample, condition, alpha, jitter)
-                    tensors = {name: v for name, v in tensors.items() if name in variables or name in
+                    keep = set(variables) & set(m.captures or variables)
+                    tensors = {name: v for name, v in tensors.items() if name in keep or name in
                                ("position", "modality", "token_id")}
                     attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
@@ -255,3 +264,20 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
         "logprobs": Variable(("run", "step", "vocab"), logprobs[None].astype(np.float32)),
         "generated": Variable(("run", "step"), logprobs.argmax(-1)[None].astype(np.int64)),
     }
+
+
+def synthetic_store_once(path: str | Path, **kwargs) -> SyntheticStore:
+    """`write_synthetic_store(path, **kwargs)` unless a previous call already completed it (a
+    marker file beside the store records that): lets several test modules share one store."""
+    path = Path(path)
+    marker = path.with_name(path.name + ".complete")
+    if not marker.exists():
+        store = write_synthetic_store(path, **kwargs)
+        marker.write_text("synthetic store complete\n")
+        return store
+    models = kwargs.get("models", DEFAULT_MODELS)
+    n, first = kwargs.get("n_samples", 4), kwargs.get("first_sample", 0)
+    alphas = tuple(kwargs.get("alphas", (0.1, 1.0, 3.0)))
+    extra = kwargs.get("extra_conditions", ("blank", "none", "hybrid"))
+    return SyntheticStore(path, tuple(models), [f"synthetic/{i:03d}" for i in range(first, first + n)], alphas,
+                          ["baseline", *[f"alpha={a}" for a in alphas], *extra])

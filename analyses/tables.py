@@ -19,6 +19,7 @@ saying what is missing; a table no model can fill is skipped with that line.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from workbench.store import list_models
 
 from . import attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
-from .cache import CACHE_GROUP, MissingInputs, open_model
+from .cache import MissingInputs, forcing, open_model
 from .streaming import condition_sort_key, layout
 
 TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
@@ -87,10 +88,11 @@ def cell(estimate: xr.DataArray, digits: int = 2) -> str:
     return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
 
 
-def _ci_note(options: Options, counts: dict[str, set[int]]) -> str:
+def _ci_note(options: Options, counts: dict[str, set[int]], medians: bool = False) -> str:
     per_model = "; ".join(f"{m}: n = {', '.join(str(n) for n in sorted(ns))}" for m, ns in counts.items() if ns)
-    return (f"Estimates are means over samples (median ranks: medians) with a 95% bootstrap CI over samples "
-            f"in brackets ({options.n_resamples} resamples, seed {options.seed}); samples per model: {per_model}.")
+    what = "means over samples (median rank: the median)" if medians else "means over samples"
+    return (f"Estimates are {what} with a 95% bootstrap CI over samples in brackets "
+            f"({options.n_resamples} resamples, seed {options.seed}); samples per model: {per_model}.")
 
 
 def _n(estimate: xr.DataArray) -> int:
@@ -163,7 +165,7 @@ class _Builder:
         if not table.rows:
             table.skipped = "; ".join(self.missing) or "no model in the store"
             return table
-        table.notes.append(_ci_note(self.options, self.counts))
+        table.notes.append(_ci_note(self.options, self.counts, medians=table.name == "alpha"))
         table.notes += [f"Not shown: {m}." for m in self.missing]
         if self.data:
             table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
@@ -218,7 +220,7 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
     def need(ds: xr.Dataset) -> list[str]:
         lacking = _missing(ds, ("hidden",), (ref,))
-        if not lacking and not present:
+        if not lacking and not set(present) & set(layout(ds).conditions):
             lacking = [f"condition {' or '.join(repr(c) for c in wanted)}"]
         return lacking
 
@@ -325,21 +327,6 @@ def open_models(store: str | Path, models: list[str] | None = None) -> dict[str,
     return {m: open_model(store, m) for m in (models or list_models(store))}
 
 
-def _clear_model_caches(store: Path, models: dict[str, xr.Dataset]) -> bool:
-    import shutil
-
-    from workbench.store import model_key
-
-    try:
-        for model in models:
-            path = store / CACHE_GROUP / model_key(model)
-            if path.exists():
-                shutil.rmtree(path)
-        return True
-    except OSError:
-        return False
-
-
 def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
                  models: list[str] | None = None, opened: dict[str, xr.Dataset] | None = None) -> list[Table]:
     """The named tables (default: all, in the study's order) of a store (`opened`: its models,
@@ -350,11 +337,8 @@ def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = 
     if unknown:
         raise ValueError(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(TABLES)}")
     opened = open_models(store, models) if opened is None else opened
-    if options.force and not _clear_model_caches(Path(store), opened):
-        # a read-only store: nothing stale can be read back if nothing is cached there at all
-        for ds in opened.values():
-            ds.attrs.pop("workbench_store", None)
-    return [BUILDERS[name](opened, options) for name in names]
+    with forcing() if options.force else contextlib.nullcontext():
+        return [BUILDERS[name](opened, options) for name in names]
 
 
 def analyze(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,

@@ -33,6 +33,14 @@ when ``drop_mode = "close"``; non-blocking: the job is forgotten, so polls answe
 a bad key), ``served`` (keys reported by /status; any other key gets the real NDIF's "not a
 scheduled model" ERROR after RECEIVED).
 
+User code the server does not have: ``hide_modules=("workbench", ...)`` makes the server behave
+as a real NDIF does, where only torch, nnsight, transformers, numpy, ... are installed. While a
+request is deserialized, executed and its result serialized, the executor thread cannot import a
+hidden package (``import``, ``__import__``, pickle's ``find_class`` and new-module lookups all
+raise ``ModuleNotFoundError``), and cloudpickle's class tracker starts empty, so classes shipped
+by value are rebuilt from the payload instead of resolving to the client's live classes (as
+they would in a separate server process). The client's threads are not affected.
+
 Importing this module loads anyio's lazily imported modules (and the server stack) up front,
 lifting nnsight's ``.save`` mount meanwhile if nnsight is already imported: anyio rejects classes
 defined after that mount (see `_preload_server_stack`).
@@ -191,6 +199,8 @@ class LoopbackNDIF:
         inline_results: blocking jobs get their result inside the COMPLETED websocket frame (a
             binary ``ResponseModel.pickle()``) instead of a URL to download. Polled jobs always
             get a URL (a JSON status cannot carry bytes).
+        hide_modules: top-level packages the server "does not have" while it runs a request
+            (see the module docstring); e.g. ``("workbench", "analyses")``.
     """
 
     def __init__(
@@ -201,6 +211,7 @@ class LoopbackNDIF:
         port: int = 0,
         *,
         inline_results: bool = False,
+        hide_modules: tuple[str, ...] = (),
         start_timeout_s: float = 20.0,
         stop_timeout_s: float = 20.0,
     ) -> None:
@@ -211,6 +222,7 @@ class LoopbackNDIF:
         self.host = "127.0.0.1"
         self.port = port
         self.inline_results = inline_results
+        self.hide_modules: tuple[str, ...] = tuple(hide_modules)
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
 
@@ -533,8 +545,12 @@ class LoopbackNDIF:
         inline = blob if (self.inline_results and job.session_id) else None
         self._emit(job, completed, inline_data=inline)
 
+    def _execute(self, model: Any, job: _Job) -> tuple[bytes, str]:
+        with _hidden_modules(self.hide_modules) as unpickler:
+            return self._execute_job(model, job, unpickler)
+
     @staticmethod
-    def _execute(model: Any, job: _Job) -> tuple[bytes, str]:
+    def _execute_job(model: Any, job: _Job, unpickler: Any = None) -> tuple[bytes, str]:
         """Run one request with nnsight's own server-side pieces (the `remote="local"` path).
 
         Runs on the executor thread, so nnsight's per-thread save set and trace depth are this
@@ -554,7 +570,8 @@ class LoopbackNDIF:
         try:
             persistent = model._remoteable_persistent_objects()
             model._remoteable_set_env(job.env)
-            tracer = RequestModel.deserialize(job.blob, persistent, compress=job.compress)
+            extra = {"unpickler": unpickler} if unpickler is not None else {}
+            tracer = RequestModel.deserialize(job.blob, persistent, compress=job.compress, **extra)
             inc()  # depth 1: this is the outermost trace, so only save()-marked values come back
             try:
                 tracer.execute(tracer.info.code)
@@ -596,3 +613,73 @@ def _abort(websocket: Any) -> None:
     if transport is None:
         raise RuntimeError("cannot reach the websocket transport to drop the connection")
     transport.abort()
+
+
+class _HiddenModuleFinder:
+    """A sys.meta_path entry refusing hidden packages on one thread (new imports only)."""
+
+    def __init__(self, roots: tuple[str, ...], thread_id: int) -> None:
+        self.roots, self.thread_id = roots, thread_id
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if threading.get_ident() == self.thread_id and name.split(".")[0] in self.roots:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
+        return None
+
+
+class _hidden_modules:
+    """Context manager: while a job runs on this thread, the packages in `roots` cannot be
+    imported from it, and cloudpickle rebuilds by-value classes afresh. Yields the unpickler
+    class for ``RequestModel.deserialize`` (None when nothing is hidden)."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = tuple(roots)
+
+    def __enter__(self) -> Any:
+        if not self.roots:
+            return None
+        import builtins
+        import weakref
+
+        from cloudpickle import cloudpickle as cp
+        from nnsight.intervention.serialization import CustomCloudUnpickler
+
+        roots, thread_id = self.roots, threading.get_ident()
+
+        def hidden(name: str) -> bool:
+            return threading.get_ident() == thread_id and name.split(".")[0] in roots
+
+        def refuse(name: str) -> None:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
+
+        original_import = builtins.__import__
+
+        def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and hidden(name):
+                refuse(name)
+            return original_import(name, globals, locals, fromlist, level)
+
+        class Unpickler(CustomCloudUnpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if hidden(module):
+                    refuse(module)
+                return super().find_class(module, name)
+
+        self._import, self._finder = original_import, _HiddenModuleFinder(roots, thread_id)
+        self._tracker = cp._DYNAMIC_CLASS_TRACKER_BY_ID
+        builtins.__import__ = guarded_import
+        sys.meta_path.insert(0, self._finder)
+        cp._DYNAMIC_CLASS_TRACKER_BY_ID = weakref.WeakValueDictionary()
+        return Unpickler
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.roots:
+            return
+        import builtins
+
+        from cloudpickle import cloudpickle as cp
+
+        builtins.__import__ = self._import
+        if self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        cp._DYNAMIC_CLASS_TRACKER_BY_ID = self._tracker

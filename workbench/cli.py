@@ -45,11 +45,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remote_target(value: str) -> str:
+    if value == "local" or value.startswith(("http://", "https://")):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"got {value!r}; expected a server URL (http://...), 'local', or nothing (NDIF); "
+        "put the spec first: workbench run SPEC --remote")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from .backends.remote import RemoteRunError
     from .runner import run_spec
 
     spec = _load(args)
-    summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto", progress=not args.no_progress)
+    try:
+        summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
+                           progress=not args.no_progress, remote=args.remote)
+    except RemoteRunError as err:
+        print(f"error: {err}\nEverything already written to {spec.store.path} is kept; run the same command "
+              "again to resume.", file=sys.stderr)
+        return 1
     print(f"wrote {summary.written} and skipped {summary.skipped} of {summary.total} "
           f"(model, sample, condition) results into {summary.store}")
     if summary.nonfinite:
@@ -119,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
+    run.add_argument("--remote", nargs="?", const=True, default=None, type=_remote_target, metavar="URL",
+                     help="run on NDIF through nnsight remote execution (the host from NDIF_HOST, the key from "
+                     "NDIF_API_KEY); or on the server at URL; 'local' runs nnsight's in-process simulation")
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a spec without running it",

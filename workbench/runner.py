@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as _md
+import itertools
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -109,12 +110,22 @@ def run_spec(
     dtype: str = "auto",
     progress: bool = True,
     log: Callable[[str], None] = print,
+    remote: Any = None,
 ) -> RunSummary:
-    """Run every (model, sample, condition) of `spec` not yet in its store."""
+    """Run every (model, sample, condition) of `spec` not yet in its store.
+
+    remote: None runs where the spec's `backend.kind` says; False runs locally; True (NDIF),
+    "local" (nnsight's in-process simulation), a server URL or a
+    `workbench.backends.remote.RemoteConfig` run remotely: one job per sample, covering that
+    sample's conditions not yet stored (see workbench.backends.remote)."""
     from .data import load_samples
-    from .models.model import WorkbenchModel
 
     backend = spec.backend
+    remote_config = None
+    if remote is not None or getattr(backend, "kind", "local") == "remote":
+        from .backends.remote import RemoteConfig
+
+        remote_config = RemoteConfig.resolve(remote, getattr(backend, "kind", "local"))
     device = device if device != "auto" else getattr(backend, "device", "auto")
     dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
     plans = compile_all(spec)
@@ -140,31 +151,36 @@ def run_spec(
                 f"are already in {spec.store.path}; skipping them")
         if not todo:
             return summary
-        store.add_provenance(provenance(spec))
+        record = provenance(spec)
+        if remote_config is not None:
+            record["backend"] = remote_config.describe()  # where it ran; never the API key
+        store.add_provenance(record)
         bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        model, model_id, encoded_for, inputs_by_image = None, None, None, None
-        for plan, sample, condition in todo:
+        note = bar.write if log is print else log  # keep the bar intact when printing
+        model, model_id = None, None
+        for _, group in itertools.groupby(todo, key=lambda t: (t[0].info.model_id, t[1].id)):
+            group = list(group)
+            plan, sample = group[0][0], group[0][1]
             if plan.info.model_id != model_id:
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
                 bar.set_description(f"loading {model_id}")
                 attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
-                model = WorkbenchModel(plan.info, device=device, dtype=dtype, attn=attn)
+                model = _load_model(plan, device, dtype, attn, remote_config, note)
                 store.ensure_model(model_id, model.describe())
-            if (model_id, sample.id) != encoded_for:
-                encoded_for, inputs_by_image = (model_id, sample.id), LazyInputs(model, sample)
-            bar.set_description(f"{model_id} | {sample.id} | {condition.name}")
-            result = _execute(model, inputs_by_image, condition, plan)
-            inputs = inputs_by_image[condition.image]
-            variables = sample_variables(inputs, result, plan.capture.coords())
-            problems = nonfinite_report(variables)
-            variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
-            for line in problems:
-                summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
-                bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
-            store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
-            summary.written += 1
-            bar.update(1)
+            inputs_by_image = LazyInputs(model, sample)
+            conditions = [condition for _, _, condition in group]
+            for condition, result in _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note):
+                inputs = inputs_by_image[condition.image]
+                variables = sample_variables(inputs, result, plan.capture.coords())
+                problems = nonfinite_report(variables)
+                variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
+                for line in problems:
+                    summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
+                    bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
+                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
+                summary.written += 1
+                bar.update(1)
         bar.close()
     return summary
 
@@ -185,3 +201,32 @@ def _execute(model: Any, inputs_by_image: LazyInputs, condition: Any, plan: Mode
     from .backends.local import run_condition
 
     return run_condition(model, inputs_by_image, condition, plan)
+
+
+def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None]) -> Any:
+    if remote is None:
+        from .models.model import WorkbenchModel
+
+        return WorkbenchModel(plan.info, device=device, dtype=dtype, attn=attn)
+    from .backends.remote import load_remote_model
+
+    return load_remote_model(plan.info, remote, attn=attn, log=log)
+
+
+def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
+                    remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
+    """(condition, result) of one sample's conditions: locally one run at a time (each written
+    before the next runs); remotely all in one job, then written one by one."""
+    sample_id = inputs_by_image.sample.id
+    if remote is None:
+        for condition in conditions:
+            bar.set_description(f"{plan.info.model_id} | {sample_id} | {condition.name}")
+            yield condition, _execute(model, inputs_by_image, condition, plan)
+        return
+    from .backends.remote import run_sample
+
+    bar.set_description(f"{plan.info.model_id} | {sample_id} | {len(conditions)} condition(s) on {remote.label}")
+    results = run_sample(model, inputs_by_image, conditions, plan, remote, log=log,
+                         what=f"{plan.info.model_id} | {sample_id}")
+    for condition in conditions:
+        yield condition, results[condition.name]

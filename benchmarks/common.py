@@ -1,0 +1,194 @@
+"""Shared helpers: thread pinning, interleaved timing with medians, machine description."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pin_threads(n: int) -> None:
+    """Pin torch's intra-op threads (and the BLAS/OpenMP pools of child processes)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+    except ImportError:  # the store/analysis sections need no torch
+        pass
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+@dataclass
+class Paired:
+    """CPU and wall times of a baseline and a candidate, run alternately (ABBA...).
+
+    Ratios are of CPU time (user + system of this process): on this VM the wall time of a fixed
+    matmul loop varies by +-50% from run to run (the vCPU is descheduled; steal is not reported),
+    while its CPU time varies by +-3%. Wall-time ratios are kept beside them."""
+
+    baseline: list[float] = field(default_factory=list)            # CPU seconds
+    candidate: list[float] = field(default_factory=list)
+    baseline_wall: list[float] = field(default_factory=list)
+    candidate_wall: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """median(candidate) / median(baseline), CPU time."""
+        return median(self.candidate) / median(self.baseline)
+
+    @property
+    def pair_ratio(self) -> float:
+        """Median over repeats of candidate_i / baseline_i, CPU time (robust to slow drift)."""
+        return median([c / b for c, b in zip(self.candidate, self.baseline)])
+
+    @property
+    def wall_ratio(self) -> float:
+        return median(self.candidate_wall) / median(self.baseline_wall)
+
+    def summary(self) -> dict[str, Any]:
+        r = lambda xs: [round(t, 6) for t in xs]  # noqa: E731
+        return {
+            "baseline_cpu_s": r(self.baseline),
+            "candidate_cpu_s": r(self.candidate),
+            "baseline_wall_s": r(self.baseline_wall),
+            "candidate_wall_s": r(self.candidate_wall),
+            "baseline_median_s": round(median(self.baseline), 6),
+            "candidate_median_s": round(median(self.candidate), 6),
+            "ratio": round(self.ratio, 4),
+            "pair_ratio": round(self.pair_ratio, 4),
+            "wall_ratio": round(self.wall_ratio, 4),
+            "noise": round(spread(self.candidate) + spread(self.baseline), 4),
+        }
+
+
+def spread(values: list[float]) -> float:
+    """A rough relative noise figure: (max - min) / 2 / median for n < 5, else (q3 - q1) / 2 / median."""
+    if len(values) < 2:
+        return 0.0
+    m = median(values)
+    if len(values) < 5:
+        return (max(values) - min(values)) / 2 / m
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / 2 / m
+
+
+def cpu_time() -> float:
+    """User + system CPU seconds of this process (all threads)."""
+    return time.process_time()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(CPU seconds, wall seconds, result) of fn()."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), cpu_time()
+    out = fn()
+    return cpu_time() - cpu, time.perf_counter() - wall, out
+
+
+def interleave(baseline: Callable[[int], Any], candidate: Callable[[int], Any], repeats: int, warmup: int = 1) -> Paired:
+    """Run baseline and candidate `warmup` times each untimed, then `repeats` timed pairs in ABBA
+    order. Each callable gets the repeat index (negative for warm-ups: distinct sample ids)."""
+    for i in range(warmup):
+        baseline(-1 - i)
+        candidate(-1 - i)
+    out = Paired()
+    sinks = {baseline: (out.baseline, out.baseline_wall), candidate: (out.candidate, out.candidate_wall)}
+    for i in range(repeats):
+        order = (baseline, candidate) if i % 2 == 0 else (candidate, baseline)
+        for fn in order:
+            cpu, wall, _ = timed(lambda: fn(i))
+            sinks[fn][0].append(cpu)
+            sinks[fn][1].append(wall)
+    return out
+
+
+def interleave_many(arms: dict[str, Callable[[int], Any]], repeats: int, warmup: int = 1,
+                    between: Callable[[], Any] | None = None) -> dict[str, dict[str, list[float]]]:
+    """Like `interleave` for several arms: each repeat runs every arm once, the order rotated
+    by one per repeat; `between` runs untimed before every timed call (e.g. `os.sync`, so no arm
+    pays for the writeback of another's dirty pages). Returns {arm: {"cpu": [...], "wall": [...]}}."""
+    names = list(arms)
+    for i in range(warmup):
+        for name in names:
+            arms[name](-1 - i)
+    out = {name: {"cpu": [], "wall": []} for name in names}
+    for i in range(repeats):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            if between is not None:
+                between()
+            cpu, wall, _ = timed(lambda: arms[name](i))
+            out[name]["cpu"].append(cpu)
+            out[name]["wall"].append(wall)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, RAM and package versions of this run."""
+    import importlib.metadata as md
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((l.split(":", 1)[1] for l in text.splitlines() if l.startswith("flags")), "")
+    except OSError:
+        pass
+    ram_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram_gb = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "nnsight", "zarr", "numcodecs", "xarray", "numpy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gb": ram_gb,
+        "simd": " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags.split()),
+        "gpu": gpu,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,509 @@
+"""The remote backend: the same plan, executed on an NDIF server through nnsight remote execution.
+
+What runs where:
+- here (the client): the spec, the plan, the prompts encoded with the model's own processor
+  (`RemoteModel`, no weights), the served-model check, retries, and the store;
+- there (the server): ONE job per sample, an nnsight session whose body calls `_server_run`: for
+  each of the sample's conditions not yet stored, the local backend's `run_condition` as is
+  (source conditions for `patch` / `add direction_from`, greedy decode steps, `kv_swap`), against
+  the server's model. Captures are moved to CPU and cast to float32 inside the traces (as locally);
+  only they come back, per condition. Values read to feed another condition stay on the server.
+
+How the code gets there: nnsight serializes the session body with cloudpickle, functions by
+their source. `workbench` is installed here but not on NDIF, so while a job is serialized the
+package is registered for pickling by value (`cloudpickle.register_pickle_by_value`): every
+workbench function and class the body reaches travels in the payload (the plan's dataclasses,
+the interventions' `apply`, the readers' `read`, `run_condition` and its helpers). Two patterns
+do not survive that trip and are handled here: a function wrapped by a decorator using
+`functools.wraps` (nnsight reads the wrapped function's source but keeps the wrapper's globals),
+so `run_condition` travels undecorated and `_server_run` enters inference mode itself; and a
+function-level relative import (`from .x import y` inside a function has no package on the
+server), so `SiteValues.read` is swapped for `_site_values_read` on the server side for the job.
+Dataclass-generated methods (`__init__`, `__eq__`, ...) have no source file and travel as
+bytecode, so the client's Python minor version must match the server's (checked, warned).
+
+KV swap: the transformers `DynamicCache` never crosses the wire. `run_condition` runs whole on the
+server, so the donor's cache, the hybrid cache and the decode step share one process, exactly as
+locally; the job returns the captures only.
+
+Faults: transient ones (connection refused or dropped, HTTP 5xx/429, a websocket cut, a job lost
+while polling, timeouts) are retried with exponential backoff up to `max_tries` submissions of the
+sample; permanent ones (a refused API key, a model the server does not serve, an error inside the
+trace) stop the run at once with a `RemoteRunError`. Either way every sample already written stays
+in the store and a rerun resumes after it. The API key never enters the payload, the store,
+provenance, logs or error messages (messages are scrubbed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import nnsight
+import torch
+
+from ..capture import SiteValues, to_host
+from ..interventions import site_tensor
+from ..sites import position_index
+from .local import RunResult, run_condition as _decorated_run_condition
+
+# inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
+# run_condition's body with torch's globals on the server (NameError). Ship the plain function.
+_run_condition = getattr(_decorated_run_condition, "__wrapped__", _decorated_run_condition)
+
+_SHIPPED_PACKAGES = ("workbench",)
+_DEPLOYED_LEVELS = ("HOT", "WARM")
+_TRANSIENT_JOB_ERRORS = ("temporarily unavailable", "try again", "reconnecting", "connection reset",
+                         "timed out", "timeout")
+_NOT_SERVED = ("not a scheduled model", "is not served", "hotswapping is not supported")
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class RemoteConfig:
+    """Where and how remote jobs run.
+
+    target: True = NDIF (`NDIF_HOST`, else nnsight's `CONFIG.API.HOST`); "local" = nnsight's
+    in-process simulation of the remote path (serialize, deserialize with user modules hidden,
+    run here); a URL ("http://127.0.0.1:8000") = that server.
+    api_key: None = `NDIF_API_KEY`, else `CONFIG.API.APIKEY`.
+    Retries: a sample is submitted at most `max_tries` times; waits `backoff_s`, doubling up to
+    `max_backoff_s`, between tries. blocking: wait on nnsight's websocket (True) or poll
+    (False: then `poll_interval_s`, `lost_after_s` without any status = job lost, retried, and
+    `job_timeout_s` in all, None = no limit).
+    """
+
+    target: bool | str = True
+    api_key: str | None = field(default=None, repr=False)
+    max_tries: int = 5
+    backoff_s: float = 2.0
+    max_backoff_s: float = 60.0
+    blocking: bool = True
+    poll_interval_s: float = 1.0
+    lost_after_s: float = 120.0
+    job_timeout_s: float | None = None
+    check_served: bool = True
+    status_timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, target: bool | str = True, **overrides: Any) -> "RemoteConfig":
+        """Defaults overridden by WORKBENCH_REMOTE_TRIES, WORKBENCH_REMOTE_BACKOFF_S,
+        WORKBENCH_REMOTE_POLL (1 = poll instead of a websocket), WORKBENCH_REMOTE_CHECK_SERVED (0 = skip)."""
+        env = os.environ
+        values: dict[str, Any] = {}
+        if env.get("WORKBENCH_REMOTE_TRIES"):
+            values["max_tries"] = max(1, int(env["WORKBENCH_REMOTE_TRIES"]))
+        if env.get("WORKBENCH_REMOTE_BACKOFF_S"):
+            values["backoff_s"] = float(env["WORKBENCH_REMOTE_BACKOFF_S"])
+        if env.get("WORKBENCH_REMOTE_POLL"):
+            values["blocking"] = env["WORKBENCH_REMOTE_POLL"].strip().lower() in ("0", "false", "no", "")
+        if env.get("WORKBENCH_REMOTE_CHECK_SERVED"):
+            values["check_served"] = env["WORKBENCH_REMOTE_CHECK_SERVED"].strip().lower() not in ("0", "false", "no")
+        return cls(target=target, **{**values, **overrides})
+
+    @classmethod
+    def resolve(cls, remote: Any, backend_kind: str = "local") -> "RemoteConfig | None":
+        """The config for `run_spec(remote=...)`: None/False defer to / override the spec's
+        `backend.kind`; True, "local", a URL or a RemoteConfig select remote execution."""
+        if isinstance(remote, RemoteConfig):
+            return remote
+        if remote is None:
+            return cls.from_env(True) if backend_kind == "remote" else None
+        if remote is False:
+            return None
+        if remote is True or isinstance(remote, str):
+            return cls.from_env(remote)
+        raise TypeError(f"remote: expected True, 'local', a URL or a RemoteConfig, got {type(remote).__name__}")
+
+    @property
+    def simulated(self) -> bool:
+        return self.target == "local"
+
+    @property
+    def host(self) -> str:
+        """The server URL (without a trailing slash)."""
+        if isinstance(self.target, str) and self.target != "local":
+            host = self.target
+        else:
+            from nnsight import CONFIG
+
+            host = os.environ.get("NDIF_HOST") or CONFIG.API.HOST
+        return str(host).rstrip("/")
+
+    def key(self) -> str:
+        if self.api_key:
+            return self.api_key
+        from nnsight import CONFIG
+
+        return os.environ.get("NDIF_API_KEY") or CONFIG.API.APIKEY or ""
+
+    @property
+    def label(self) -> str:
+        """Where jobs run, safe to store and print (no credentials)."""
+        return "nnsight local simulation" if self.simulated else _strip_userinfo(self.host)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "remote", "target": self.label, "blocking": self.blocking, "max_tries": self.max_tries}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RemoteRunError(RuntimeError):
+    """A remote run stopped. Everything already written to the store is kept; rerun to resume."""
+
+
+class RemoteAuthError(RemoteRunError):
+    """The server refused the API key."""
+
+
+class ModelNotServedError(RemoteRunError):
+    """The server does not serve this model."""
+
+
+class RemoteJobError(RemoteRunError):
+    """The job failed on the server: an error inside the trace (not retried)."""
+
+
+class RemoteUnavailableError(RemoteRunError):
+    """Transient faults outlasted every try."""
+
+
+@dataclass
+class _Fault:
+    transient: bool
+    kind: type[RemoteRunError]
+    message: str
+
+
+class _JobLost(Exception):
+    """A polled job that no status came back for (the server forgot it)."""
+
+
+def _strip_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def scrub(text: str, *secrets: str | None) -> str:
+    """`text` with every secret (API keys; credentials in URLs) replaced by ***."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _status_code(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    code = getattr(response, "status_code", None)
+    if code is None:
+        code = getattr(error, "status_code", None)  # websocket.WebSocketBadStatusException
+    return int(code) if isinstance(code, int) else None
+
+
+def _http_fault(code: int, detail: str) -> _Fault:
+    if code in (401, 403):
+        return _Fault(False, RemoteAuthError, f"the server refused the API key (HTTP {code}): {detail}")
+    if code >= 500 or code in (408, 425, 429):
+        return _Fault(True, RemoteUnavailableError, f"server unavailable (HTTP {code}): {detail}")
+    return _Fault(False, RemoteRunError, f"the server rejected the request (HTTP {code}): {detail}")
+
+
+def classify(error: BaseException) -> _Fault:
+    """Transient or permanent, and what to tell the user, for an exception of a remote job (the
+    0.8.1 client's exception types per fault are listed in tests/test_ndif_server.py)."""
+    import httpx
+    import pydantic
+    import websocket
+    from nnsight.intervention.backends.remote import RemoteError
+
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, RemoteError):
+        cause = error.__cause__
+        if isinstance(cause, httpx.HTTPStatusError):
+            return _http_fault(cause.response.status_code, text.removeprefix("Failed to send request: "))
+        if isinstance(cause, httpx.HTTPError):
+            return _Fault(True, RemoteUnavailableError, f"cannot reach the server: {text}")
+        lowered = text.lower()
+        if any(marker in lowered for marker in _NOT_SERVED):
+            return _Fault(False, ModelNotServedError, f"the server does not serve this model: {_tail(text)}")
+        if any(marker in lowered for marker in _TRANSIENT_JOB_ERRORS) and "Traceback" not in text:
+            return _Fault(True, RemoteUnavailableError, f"the job failed on the server: {_tail(text)}")
+        return _Fault(False, RemoteJobError, f"the job failed on the server (an error inside the trace):\n{text}")
+    if isinstance(error, httpx.HTTPStatusError):
+        return _http_fault(error.response.status_code, text)
+    if isinstance(error, websocket.WebSocketBadStatusException):
+        code = _status_code(error)
+        return _http_fault(code, text) if code else _Fault(True, RemoteUnavailableError, text)
+    if isinstance(error, (httpx.TransportError, websocket.WebSocketException, OSError, _JobLost)):
+        # refused, reset, dropped mid-job, timed out, lost
+        return _Fault(True, RemoteUnavailableError, f"connection to the server failed: {type(error).__name__}: {text}")
+    if isinstance(error, pydantic.ValidationError):
+        # the 0.8.1 client parses a websocket close frame as a status message
+        return _Fault(True, RemoteUnavailableError, "the server closed the connection mid-job")
+    return _Fault(False, RemoteRunError, f"unexpected error in the remote run: {type(error).__name__}: {text}")
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def with_retries(attempt: Callable[[], Any], config: RemoteConfig, what: str,
+                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call `attempt` until it succeeds, a permanent fault occurs, or `config.max_tries` calls
+    failed on transient faults (then RemoteUnavailableError). Messages name `what`, never the key."""
+    key, delay = config.key(), config.backoff_s
+    tries = max(1, int(config.max_tries))
+    for n in range(1, tries + 1):
+        try:
+            return attempt()
+        except RemoteRunError:
+            raise
+        except Exception as error:  # noqa: BLE001  (classified below; KeyboardInterrupt passes)
+            fault = classify(error)
+            message = scrub(fault.message, key)
+            if not fault.transient:
+                raise fault.kind(f"{what}: {message}") from None
+            if n == tries:
+                raise RemoteUnavailableError(f"{what}: {message} (gave up after {tries} tries)") from None
+            log(f"{what}: {message.splitlines()[0]}; retry {n + 1} of {tries} in {delay:.3g}s")
+            sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- the model and the server
+
+
+def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
+                      log: Callable[[str], None] = print) -> Any:
+    """A `RemoteModel` for `info`, after checking that the server serves it."""
+    from ..models.remote import RemoteModel
+
+    model = RemoteModel(info, attn=attn, target=config.label)
+    if not config.simulated:
+        _check_environment(config, log)
+        if config.check_served:
+            check_served(model, config, log)
+    return model
+
+
+def served_models(config: RemoteConfig) -> dict[str, dict[str, Any]]:
+    """The server's deployments (GET /status, what `nnsight.status()` reads): model key -> entry."""
+    import httpx
+
+    timeout = httpx.Timeout(10.0, read=config.status_timeout_s)
+    response = httpx.get(f"{config.host}/status", timeout=timeout)
+    response.raise_for_status()
+    deployments = response.json().get("deployments", {}) or {}
+    return {value.get("model_key") or name: value for name, value in deployments.items()}
+
+
+def check_served(model: Any, config: RemoteConfig, log: Callable[[str], None] = print) -> None:
+    """Fail with ModelNotServedError, listing what is served, unless the server deploys `model`."""
+    key = model.model_key
+    deployments = with_retries(lambda: served_models(config), config, f"status of {config.label}", log)
+    entry = deployments.get(key)
+    if entry is not None and entry.get("deployment_level", "HOT") in _DEPLOYED_LEVELS:
+        state = entry.get("application_state")
+        if state and state != "RUNNING":
+            log(f"{model.model_id}: deployed on {config.label} but {state}; jobs will queue until it runs")
+        return
+    served = sorted(
+        f"{v.get('repo_id', k)} (task {v.get('task') or '?'}, revision {v.get('revision') or 'main'}, "
+        f"{v.get('application_state', '?')})"
+        for k, v in deployments.items() if v.get("deployment_level", "HOT") in _DEPLOYED_LEVELS
+    )
+    repo = key.split(":", 1)[1] if ":" in key else key
+    listing = "\n  ".join(served) if served else "(none)"
+    raise ModelNotServedError(
+        f"{model.model_id}: {config.label} does not serve this model (key {repo}). Served models:\n  {listing}\n"
+        "Pick a served model (`nnsight.status()` lists them) or run locally (backend: {kind: local})."
+    )
+
+
+_ENV_CHECKED: set[str] = set()
+
+
+def _check_environment(config: RemoteConfig, log: Callable[[str], None]) -> None:
+    """Warn when the server's Python minor version differs from ours: dataclass-generated
+    methods travel as bytecode (see the module docstring). Silent if the server does not say.
+    Once per host and process."""
+    import httpx
+
+    if config.host in _ENV_CHECKED:
+        return
+    _ENV_CHECKED.add(config.host)
+    try:
+        response = httpx.get(f"{config.host}/env", timeout=httpx.Timeout(5.0, read=10.0))
+        response.raise_for_status()
+        remote = str(response.json().get("python_version", "")).split()[0]
+    except Exception:  # noqa: BLE001  (an older server, or none: the status check reports reachability)
+        return
+    local = sys.version.split()[0]
+    if remote and remote.split(".")[:2] != local.split(".")[:2]:
+        log(f"warning: {config.label} runs Python {remote}, this client {local}: code shipped to it includes "
+            "bytecode, which needs the same Python minor version; use a matching Python if jobs fail to load")
+
+
+def images_needed(plan: Any, names: list[str]) -> list[str]:
+    """Image modes (real/blank/none) of `names` and of the conditions they read from."""
+    modes, seen, stack = set(), set(), list(names)
+    while stack:
+        condition = plan.condition(stack.pop())
+        if condition.name in seen:
+            continue
+        seen.add(condition.name)
+        modes.add(condition.image)
+        stack.extend(condition.sources)
+        if condition.kv_swap is not None:
+            stack.append(condition.kv_swap.donor)
+    return sorted(modes)
+
+
+def run_sample(model: Any, inputs_by_image: Any, conditions: list[Any], plan: Any, config: RemoteConfig,
+               log: Callable[[str], None] = print, what: str | None = None) -> dict[str, RunResult]:
+    """Run `conditions` of one sample as ONE remote job; per condition its captures, as
+    `run_condition` returns them locally."""
+    names = [c.name for c in conditions]
+    inputs = {mode: inputs_by_image[mode] for mode in images_needed(plan, names)}
+    server = model.server_view()
+    what = what or f"{model.model_id} | {getattr(getattr(inputs_by_image, 'sample', None), 'id', '?')}"
+    raw = with_retries(lambda: _submit(model, server, inputs, names, plan, config), config, what, log)
+    missing = [n for n in names if n not in (raw or {})]
+    if missing:
+        raise RemoteRunError(f"{what}: the job returned no result for {', '.join(missing)}")
+    return {
+        name: RunResult(tokens={k: v.numpy() for k, v in raw[name]["tokens"].items()},
+                        run={k: v.numpy() for k, v in raw[name]["run"].items()})
+        for name in names
+    }
+
+
+@contextlib.contextmanager
+def shipped_by_value(packages: tuple[str, ...] = _SHIPPED_PACKAGES) -> Iterator[None]:
+    """Pickle `packages` by value (their code travels in the payload) while jobs serialize."""
+    import cloudpickle
+
+    added = [name for name in packages if name not in cloudpickle.list_registry_pickle_by_value()]
+    for name in added:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
+    try:
+        yield
+    finally:
+        for name in added:
+            if name in sys.modules and name in cloudpickle.list_registry_pickle_by_value():
+                cloudpickle.unregister_pickle_by_value(sys.modules[name])
+
+
+def _remote_backend(model: Any, config: RemoteConfig) -> Any:
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    class _Backend(RemoteBackend):
+        """nnsight's backend, keeping what a blocking request returned (the saves dict)."""
+
+        result: Any = None
+
+        def __call__(self, tracer: Any = None) -> Any:
+            self.result = super().__call__(tracer)
+            return self.result
+
+    backend = _Backend(model.model_key, host=config.host, api_key=config.key() or None,
+                       env=model.lm._remoteable_get_env(), blocking=config.blocking)
+    backend.display.enabled = False  # our own progress bar reports; statuses would interleave with it
+    return backend
+
+
+def _submit(model: Any, server: Any, inputs: dict, names: list[str], plan: Any, config: RemoteConfig) -> Any:
+    """One job: a session whose body runs every listed condition on the server. The body names
+    only `_server_run`, `server`, `inputs`, `names`, `plan` (what is pickled); never the config."""
+    with shipped_by_value():
+        if config.simulated:
+            # nnsight's simulation runs the deserialized body here, on this model: load its weights
+            # (a real server has them; the meta model would put the inputs on the meta device)
+            if not model.lm.dispatched:
+                model.lm.dispatch()
+            with model.lm.session(remote="local"):
+                results = nnsight.save(_server_run(server, inputs, names, plan))
+            return results
+        backend = _remote_backend(model, config)
+        with model.lm.session(backend=backend):
+            results = nnsight.save(_server_run(server, inputs, names, plan))  # noqa: F841
+    if config.blocking:
+        return (backend.result or {}).get("results")
+    return _poll(backend, config).get("results")
+
+
+def _poll(backend: Any, config: RemoteConfig) -> dict:
+    """Wait for a submitted non-blocking job. Failed polls (5xx, connection) are retried within
+    the job; a job with no status for `lost_after_s` is lost (raised, then resubmitted)."""
+    import httpx
+    from nnsight.schema.response import ResponseModel, Status
+
+    headers = {"ndif-api-key": backend.api_key} if backend.api_key else None
+    started = last_seen = time.monotonic()
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=60.0)) as client:
+        while True:
+            try:
+                answer = client.get(f"{backend.host}/response/{backend.job_id}", headers=headers)
+                if answer.status_code != 404:
+                    answer.raise_for_status()
+                    response = ResponseModel.model_validate_json(answer.text)
+                    last_seen = time.monotonic()
+                    result = backend.handle(response)  # raises RemoteError on ERROR
+                    if response.status == Status.COMPLETED:
+                        return result or {}
+            except httpx.HTTPStatusError as error:
+                if not classify(error).transient:
+                    raise
+            except httpx.TransportError:
+                pass
+            now = time.monotonic()
+            if now - last_seen > config.lost_after_s:
+                raise _JobLost(f"no status for job {backend.job_id} in {config.lost_after_s:g}s")
+            if config.job_timeout_s is not None and now - started > config.job_timeout_s:
+                raise TimeoutError(f"job {backend.job_id} did not finish in {config.job_timeout_s:g}s")
+            time.sleep(config.poll_interval_s)
+
+
+# --------------------------------------------------------------------------- what runs on the server
+
+
+def _site_values_read(self: Any, model: Any, layer: Any, saved: dict, inputs: Any) -> None:
+    """`SiteValues.read` with its imports at module level (a function-level relative import
+    cannot run on the server, where functions have no package)."""
+    index = torch.as_tensor(position_index(self.positions, inputs.modality))
+    saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
+
+
+def _on_device(inputs: Any, device: Any, dtype: Any) -> Any:
+    encoding = {k: (v.to(device, dtype) if k == "pixel_values" else v.to(device)) for k, v in inputs.encoding.items()}
+    return replace(inputs, encoding=encoding)
+
+
+def _server_run(model: Any, inputs_by_image: dict, names: list[str], plan: Any) -> dict:
+    """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
+    local backend's `run_condition`; returns {condition: {"tokens": {...}, "run": {...}}} of
+    CPU float32 (int64 for token ids) tensors."""
+    inputs = {mode: _on_device(x, model.device, model.dtype) for mode, x in inputs_by_image.items()}
+    read, SiteValues.read = SiteValues.read, _site_values_read
+    try:
+        results = {}
+        with torch.inference_mode():
+            for name in names:
+                results[name] = _run_condition(model, inputs, plan.condition(name), plan)
+    finally:
+        SiteValues.read = read
+    return {
+        name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
+               "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}
+        for name, r in results.items()
+    }

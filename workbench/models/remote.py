@@ -1,0 +1,138 @@
+"""A model that runs on an NDIF server: its client half (`RemoteModel`) and server half (`ServerModel`).
+
+`RemoteModel` lives here, on the client. It holds no weights: `lm` is an nnsight
+`TransformersModel` built for the checkpoint on the meta device (config only, no download of the
+weights), so its remote key names the deployment on the server; the processor/tokenizer encodes
+prompts here exactly as `WorkbenchModel` does (same `InputEncoder`).
+
+`ServerModel` is what travels to the server inside a remote job: the nnsight model (which pickles
+as references to the server's live modules, never as weights) and the `ModelInfo`, with the same
+site surface the backends use on a `WorkbenchModel` (`lm`, `arch`, `info`, `n_layers`, `module`,
+`decoder_layers`, `prepare`, `text_embedding_norm`, `hf`, `device`, `dtype`). Its methods run on
+the server against the real module; it must stay free of client-only dependencies (PIL, the
+processor, zarr), since the server has only torch, numpy, transformers and nnsight installed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from .model import ImageMode, InputEncoder, ModelInfo, ModelInputs, WorkbenchModel
+
+
+def _seed_local_key(path: str) -> None:
+    """A local checkpoint directory is its own repo id: skip the hub lookup nnsight does to
+    canonicalize the id when it builds the remote key (offline, and there is no hub entry)."""
+    if os.path.isdir(path):
+        from nnsight.modeling import huggingface
+
+        huggingface._ID_CACHE.setdefault(path, path)
+
+
+class RemoteModel:
+    """A model executed remotely: encodes here, runs there. `target` labels where (for the store)."""
+
+    def __init__(self, info: ModelInfo, attn: str = "sdpa", target: str = "NDIF"):
+        """attn: the attention implementation the server switches the model to for our requests
+        ("eager" is the only one that returns attention probabilities)."""
+        from nnsight.modeling.transformers import TransformersModel
+
+        self.info = info
+        self.arch = info.arch
+        self.target = target
+        # inputs are built on this CPU in float32; the server moves them to its device and dtype
+        self.device, self.dtype = "cpu", torch.float32
+        self.encoder = InputEncoder(info, self.device, self.dtype)
+        self.processor, self.tokenizer = self.encoder.processor, self.encoder.tokenizer
+        self.image_token_id = self.encoder.image_token_id
+        _seed_local_key(info.path)
+        task = "image-text-to-text" if self.arch.is_multimodal else "text-generation"
+        extra = {"processor": self.processor} if self.arch.is_multimodal else {}
+        # not dispatched: the module tree is built on the meta device from the config alone
+        self.lm = TransformersModel(info.path, tokenizer=self.tokenizer, task=task, attn_implementation=attn, **extra)
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.info.model_id
+
+    @property
+    def n_layers(self) -> int:
+        return self.info.n_layers
+
+    @property
+    def model_key(self) -> str:
+        """The key the server knows this model by (class path, repo id, revision, task)."""
+        return self.lm.to_model_key()
+
+    def describe(self) -> dict[str, Any]:
+        config = getattr(self.lm._module, "config", None)
+        return {
+            **self.info.describe(),
+            "revision": getattr(config, "_commit_hash", None),
+            "dtype": "server",          # the deployment's own dtype (NDIF: bfloat16 on GPU)
+            "device": "remote",
+            "backend": "remote",
+            "remote_target": self.target,
+        }
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def encode(self, image: Any, question: str, image_mode: ImageMode = "real") -> ModelInputs:
+        """As `WorkbenchModel.encode`. A text-only checkpoint without a chat template (a base LLM
+        such as meta-llama/Llama-3.1-8B) gets the question as plain text after BOS."""
+        if not self.arch.is_multimodal and getattr(self.tokenizer, "chat_template", None) is None:
+            enc = self.tokenizer(question, return_tensors="pt", add_special_tokens=True)
+            ids = enc["input_ids"][0].numpy().astype(np.int64)
+            encoding = {k: v for k, v in enc.items() if isinstance(v, torch.Tensor) and k != "token_type_ids"}
+            return ModelInputs(encoding=encoding, input_ids=ids, modality=self.token_modality(ids))
+        return self.encoder.encode(image, question, image_mode)
+
+    def token_modality(self, input_ids: np.ndarray) -> np.ndarray:
+        return self.encoder.token_modality(input_ids)
+
+    # -- the half that travels --------------------------------------------------------------------
+    def server_view(self) -> "ServerModel":
+        return ServerModel(self.lm, self.info)
+
+    # sites resolve on the client too (nnsight envoys of the meta model), for tests and checks
+    module = WorkbenchModel.module
+    decoder_layers = WorkbenchModel.decoder_layers
+
+    def prepare(self) -> None:
+        """Nothing to reset here: per-run state lives on the server's model (see ServerModel)."""
+
+    def text_embedding_norm(self) -> float:
+        raise RuntimeError("the embedding weights are on the server; ServerModel.text_embedding_norm reads them there")
+
+
+class ServerModel:
+    """The model as the backend code sees it on the server. Pickled into each remote job: `lm`
+    travels as persistent ids resolved to the server's live modules; the methods below are the
+    `WorkbenchModel` ones (shipped by source) and read the server's real module through `hf`."""
+
+    def __init__(self, lm: Any, info: ModelInfo):
+        self.lm, self.info, self.arch = lm, info, info.arch
+
+    @property
+    def hf(self) -> torch.nn.Module:
+        return self.lm._module
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the input embedding's device (the first device of a dispatched model)."""
+        return self.hf.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hf.get_input_embeddings().weight.dtype
+
+    model_id = WorkbenchModel.model_id
+    n_layers = WorkbenchModel.n_layers
+    module = WorkbenchModel.module
+    decoder_layers = WorkbenchModel.decoder_layers
+    text_embedding_norm = WorkbenchModel.text_embedding_norm
+    prepare = WorkbenchModel.prepare
