@@ -264,7 +264,9 @@ def test_kv_swap(load_tiny, name):
   baseline: {}
   blank: {image: blank}
   self: {kv_swap: {donor: self}}
-  hybrid: {kv_swap: {donor: blank}}""", "[{site: logits}, {site: layer}]")
+  hybrid: {kv_swap: {donor: blank}}
+  halved: {interventions: [{kind: scale, site: layer, layers: [1], positions: all, factor: 0.5}]}
+  from_halved: {kv_swap: {donor: halved, positions: all}}""", "[{site: logits}, {site: layer}]")
     base, inputs = run(model, plan, "baseline")
     self_swap, _ = run(model, plan, "self")
     hybrid, _ = run(model, plan, "hybrid")
@@ -281,6 +283,13 @@ def test_kv_swap(load_tiny, name):
     # rows before the last token are the real prefill's; the hybrid is neither real nor blank
     np.testing.assert_allclose(hybrid.tokens["hidden"][:-1], base.tokens["hidden"][:-1], atol=ATOL)
     assert np.abs(lp(hybrid) - lp(blank)).max() > 1e-3
+    # a donor whose intervention names positions by modality runs on its n-1 token prefix; with
+    # every position swapped, the decode step reads the donor's whole cache
+    from_halved, _ = run(model, plan, "from_halved")
+    halved, _ = run(model, plan, "halved")
+    assert np.isfinite(lp(from_halved)).all()
+    assert np.abs(lp(from_halved) - lp(base)).max() > 1e-4
+    np.testing.assert_allclose(from_halved.tokens["hidden"][:-1], base.tokens["hidden"][:-1], atol=ATOL)
 
 
 # ------------------------------------------------------------------------------ non-finite captures

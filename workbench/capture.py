@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .sites import order, residual_envoy
+from .interventions import site_tensor
+from .sites import order, position_index, residual_envoy
 
 CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 
@@ -100,9 +101,6 @@ class SiteValues:
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any) -> None:
-        from .interventions import site_tensor
-        from .sites import position_index
-
         index = torch.as_tensor(position_index(self.positions, inputs.modality))
         saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
 

@@ -140,7 +140,7 @@ def _interventions(instance: Any, check: _Checker, names: set[str]) -> tuple[Any
             check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
         if source is not None and raw.site not in ("embed", "layer"):
-            check.add(path + ("site",), f"values from another condition are read at sequence sites; expected embed or layer")
+            check.add(path + ("site",), "values from another condition are read at sequence sites; expected embed or layer")
         layers = check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
         if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")

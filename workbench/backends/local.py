@@ -81,10 +81,12 @@ def _stack_layers(saved: dict, name: str, layers: tuple[int, ...], dim: int = 1)
     return torch.stack([torch.cat(saved[(name, l)], dim=0) for l in layers], dim=dim)
 
 
-def _truncate(encoding: dict[str, Any], n: int) -> dict[str, Any]:
-    """The encoding of the first n prompt tokens (image inputs kept whole)."""
+def _truncate(inputs: Any, n: int) -> Any:
+    """The inputs of the first n prompt tokens (image inputs kept whole), labels included, so
+    positions named by modality select within those n."""
     per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
-    return {k: (v[:, :n] if k in per_token else v) for k, v in encoding.items()}
+    encoding = {k: (v[:, :n] if k in per_token else v) for k, v in inputs.encoding.items()}
+    return replace(inputs, encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
 
 
 def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
@@ -147,14 +149,16 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
     if condition.kv_swap is None:
         parts = [trace(model, inputs.encoding, inputs, interventions, readers, captures.decoding, cache)]
     else:
-        head = trace(model, _truncate(inputs.encoding, n - 1), inputs, interventions, readers, False, cache)
+        head_inputs = _truncate(inputs, n - 1)
+        head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False, cache)
         swap = condition.kv_swap
         donor = plan.condition(swap.donor)
         donor_inputs = inputs_by_image[donor.image]
         donor_cache = _new_cache()
         donor_items = _resolve(model, inputs_by_image, donor, plan)
         model.prepare()
-        trace(model, _truncate(donor_inputs.encoding, n - 1), donor_inputs, donor_items, cache=donor_cache)
+        donor_head = _truncate(donor_inputs, n - 1)
+        trace(model, donor_head.encoding, donor_head, donor_items, cache=donor_cache)
         _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
         last = torch.as_tensor(inputs.input_ids[-1])
         tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache)

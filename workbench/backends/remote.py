@@ -18,7 +18,7 @@ do not survive that trip and are handled here: a function wrapped by a decorator
 `functools.wraps` (nnsight reads the wrapped function's source but keeps the wrapper's globals),
 so `run_condition` travels undecorated and `_server_run` enters inference mode itself; and a
 function-level relative import (`from .x import y` inside a function has no package on the
-server), so `SiteValues.read` is swapped for `_site_values_read` on the server side for the job.
+server), which code that runs server-side must not use (a contract test scans for it).
 Dataclass-generated methods (`__init__`, `__eq__`, ...) have no source file and travel as
 bytecode, so the client's Python minor version must match the server's (checked, warned).
 
@@ -46,9 +46,6 @@ from typing import Any, Callable, Iterator
 import nnsight
 import torch
 
-from ..capture import SiteValues, to_host
-from ..interventions import site_tensor
-from ..sites import position_index
 from .local import RunResult, run_condition as _decorated_run_condition
 
 # inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
@@ -477,13 +474,6 @@ def _poll(backend: Any, config: RemoteConfig) -> dict:
 # --------------------------------------------------------------------------- what runs on the server
 
 
-def _site_values_read(self: Any, model: Any, layer: Any, saved: dict, inputs: Any) -> None:
-    """`SiteValues.read` with its imports at module level (a function-level relative import
-    cannot run on the server, where functions have no package)."""
-    index = torch.as_tensor(position_index(self.positions, inputs.modality))
-    saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
-
-
 def _on_device(inputs: Any, device: Any, dtype: Any) -> Any:
     encoding = {k: (v.to(device, dtype) if k == "pixel_values" else v.to(device)) for k, v in inputs.encoding.items()}
     return replace(inputs, encoding=encoding)
@@ -494,14 +484,10 @@ def _server_run(model: Any, inputs_by_image: dict, names: list[str], plan: Any) 
     local backend's `run_condition`; returns {condition: {"tokens": {...}, "run": {...}}} of
     CPU float32 (int64 for token ids) tensors."""
     inputs = {mode: _on_device(x, model.device, model.dtype) for mode, x in inputs_by_image.items()}
-    read, SiteValues.read = SiteValues.read, _site_values_read
-    try:
-        results = {}
-        with torch.inference_mode():
-            for name in names:
-                results[name] = _run_condition(model, inputs, plan.condition(name), plan)
-    finally:
-        SiteValues.read = read
+    results = {}
+    with torch.inference_mode():
+        for name in names:
+            results[name] = _run_condition(model, inputs, plan.condition(name), plan)
     return {
         name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
                "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}

@@ -124,10 +124,14 @@ class InputEncoder:
         content: list[dict[str, Any]] = [{"type": "image"}] if image is not None else []
         content.append({"type": "text", "text": question})
         messages = [{"role": "user", "content": content}]
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        if image is None:
+        if not self.arch.is_multimodal and getattr(self.tokenizer, "chat_template", None) is None:
+            # a base LLM (e.g. meta-llama/Llama-3.1-8B) has no chat template: BOS + the question
+            enc = self.tokenizer(question, return_tensors="pt", add_special_tokens=True)
+        elif image is None:
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             enc = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
         else:
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             images = [[image.convert("RGB")]] if self.arch.family == "smolvlm" else [image.convert("RGB")]
             enc = self.processor(text=[text], images=images, return_tensors="pt")
         encoding = {k: v.to(self.device) for k, v in enc.items() if isinstance(v, torch.Tensor)}

@@ -82,13 +82,7 @@ class RemoteModel:
 
     # -- inputs ---------------------------------------------------------------------------------
     def encode(self, image: Any, question: str, image_mode: ImageMode = "real") -> ModelInputs:
-        """As `WorkbenchModel.encode`. A text-only checkpoint without a chat template (a base LLM
-        such as meta-llama/Llama-3.1-8B) gets the question as plain text after BOS."""
-        if not self.arch.is_multimodal and getattr(self.tokenizer, "chat_template", None) is None:
-            enc = self.tokenizer(question, return_tensors="pt", add_special_tokens=True)
-            ids = enc["input_ids"][0].numpy().astype(np.int64)
-            encoding = {k: v for k, v in enc.items() if isinstance(v, torch.Tensor) and k != "token_type_ids"}
-            return ModelInputs(encoding=encoding, input_ids=ids, modality=self.token_modality(ids))
+        """As `WorkbenchModel.encode` (the same `InputEncoder`)."""
         return self.encoder.encode(image, question, image_mode)
 
     def token_modality(self, input_ids: np.ndarray) -> np.ndarray:
