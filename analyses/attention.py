@@ -110,20 +110,20 @@ def attention_kl_per_sample(ds: xr.Dataset, reference: str = "baseline", step: i
     def flat(c: np.ndarray, *blocks: np.ndarray) -> np.ndarray:
         return np.concatenate([b.reshape(len(c), -1) for b in blocks], axis=1)
 
-    arrays = {c: [take_rows(data, r), take_rows(data, rc)] for c, (rc, r) in pairs.items()}
-    totals = dask.compute(*[group_sums(flat, arrays[c], lay.sample_code[rc], n, 2 * width)
-                            for c, (rc, _) in pairs.items()])
-    lazies = []
-    for (condition, (rows_c, _)), total in zip(pairs.items(), totals):
+    kl = np.full((len(lay.conditions), n, len(layers)), np.nan)
+    # one condition at a time: the reference's blocks are read again for each condition, but never
+    # held in memory for all of them at once
+    for condition, (rows_c, rows_r) in pairs.items():
+        arrays = [take_rows(data, rows_r), take_rows(data, rows_c)]
+        codes = lay.sample_code[rows_c]
+        (total,) = dask.compute(group_sums(flat, arrays, codes, n, 2 * width))
         p_total, q_total = total[0][:, :width], total[0][:, width:]
 
-        def terms(c: np.ndarray, p: np.ndarray, q: np.ndarray, p_total=p_total, q_total=q_total) -> np.ndarray:
+        def terms(c: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
             return kl_terms(p.reshape(len(c), -1), q.reshape(len(c), -1), p_total[c], q_total[c])
 
-        lazies.append(group_sums(terms, arrays[condition], lay.sample_code[rows_c], n, width))
-    kl = np.full((len(lay.conditions), n, len(layers)), np.nan)
-    for (condition, _), total, result in zip(pairs.items(), totals, dask.compute(*lazies)):
-        present = (result[1] > 0) & (total[0][:, :width] > 0) & (total[0][:, width:] > 0)
+        (result,) = dask.compute(group_sums(terms, arrays, codes, n, width))
+        present = (result[1] > 0) & (p_total > 0) & (q_total > 0)
         per_head = np.where(present, result[0], np.nan).reshape(n, len(layers), heads)
         kl[lay.conditions.index(condition)] = per_head.mean(-1)
     return per_group_dataset(lay, {"kl": kl}, lay.conditions, ("decoder_layer",), {"decoder_layer": layers},

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
-ANALYZE_HELP = "print the study's tables (markdown, 95% bootstrap CIs) from a store"
+ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
 ANALYZE_DESCRIPTION = (
     "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
     "relative update and rotation, text-curve correlations, the α sweep (norm ratio, attention KL, logit KL, "

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from . import attention, kv, logits, norms, rotation, updates
 from .cache import MissingInputs
@@ -33,7 +33,7 @@ from .tables import Options, _missing, _sweep_conditions
 MODALITY_COLORS = {"vision": "#1f77b4", "text": "#d62728", "boundary": "#7f7f7f"}
 _MODEL_PALETTE = ("#2ca02c", "#9467bd", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#8c6d31")
 _CONDITION_PALETTE = ("#000000", "#ff7f0e", "#8c564b", "#637939", "#7b4173")
-LAYER_LABEL = "layer l (0 = LLM input, l = after l decoder layers)"
+LAYER_LABEL = "layer l (0 = LLM input; l = after l decoder layers)"
 DECODER_LAYER_LABEL = "decoder layer"
 ALPHA_LABEL = "α, scale factor of the projector output (log scale)"
 DPI = 100
@@ -69,7 +69,7 @@ def _band(ax, x, est: xr.DataArray, color: str, label: str, linestyle: str = "-"
     ax.fill_between(x, low[ok], high[ok], color=color, alpha=0.18, linewidth=0)
 
 
-def _grid(n_rows: int, n_cols: int, width: float = 4.2, height: float = 3.3) -> tuple[Figure, np.ndarray]:
+def _grid(n_rows: int, n_cols: int, width: float = 4.8, height: float = 3.4) -> tuple[Figure, np.ndarray]:
     fig = Figure(figsize=(width * n_cols, height * n_rows), layout="constrained")
     axes = np.atleast_2d(fig.subplots(n_rows, n_cols, squeeze=False))
     return fig, axes
@@ -79,6 +79,11 @@ def _save(fig: Figure, out: Path, name: str) -> Path:
     for ax in fig.axes:
         if ax.get_xscale() == "linear":  # layer axes: whole layers only
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        low, high = ax.get_ylim()
+        if ax.get_yscale() == "log" and 0 < low and high / low < 10:
+            # less than a decade: plain numbers ("0.18") rather than "1.8×10⁻¹" at every minor tick
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     path = out / name
     fig.savefig(path, dpi=DPI)
     return path

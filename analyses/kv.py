@@ -39,7 +39,7 @@ def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
     names = [n for n in ("keys", "values") if n in ds.data_vars]
     _, layers = layer_values(ds, ds[names[0]])
     n_mod = len(MODALITIES)
-    jobs, lazies = [], []
+    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
     for c, condition in enumerate(lay.conditions):
         rows_c, rows_r = pair_rows(lay, condition, reference)
         known = lay.modality_code[rows_c] >= 0
@@ -47,13 +47,13 @@ def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
         if not len(rows_c):
             continue
         codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
-        for name in names:
-            jobs.append((c, f"cos_{name[0]}"))
-            lazies.append(group_sums(lambda g, x, y: row_cosine(x, y), [take_rows(ds[name].data, rows_c),
-                                     take_rows(ds[name].data, rows_r)], codes, len(lay.samples) * n_mod, len(layers)))
-    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
-    for (c, key), result in zip(jobs, dask.compute(*lazies)):
-        out[key][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
+        lazies = [group_sums(lambda g, x, y: row_cosine(x, y), [take_rows(ds[name].data, rows_c),
+                             take_rows(ds[name].data, rows_r)], codes, len(lay.samples) * n_mod, len(layers))
+                  for name in names]
+        # one compute per condition: the reference's blocks are read again for each condition,
+        # but never held in memory for all of them at once
+        for name, result in zip(names, dask.compute(*lazies)):
+            out[f"cos_{name[0]}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
     return per_group_dataset(lay, out, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
 
 

@@ -50,8 +50,8 @@ def write_report(store: str | Path, out: str | Path, options: Options | None = N
     """Write DIR/report.md with every table and figure; returns its path."""
     store, out = Path(store), Path(out)
     options = options or Options()
-    out.mkdir(parents=True, exist_ok=True)
     opened = open_models(store, models)
+    out.mkdir(parents=True, exist_ok=True)
     with forcing() if options.force else contextlib.nullcontext():   # each analysis recomputed once
         tables: dict[str, Table] = {t.name: t for t in build_tables(store, None, options, models, opened)}
         figures = {f.name.removesuffix(".png"): f for f in write_figures(opened, options, out)}

@@ -10,6 +10,10 @@ it at once to per-group (e.g. per sample and modality) sums and counts (`group_s
 partial sums are added up in a tree. One `dask.compute` runs it in parallel threads, and memory
 is bounded by a block per thread, not by the store. (A loop of small computes was tried first:
 each compute re-optimizes the whole store's graph, 40–100 ms per call on a store of 10⁵ chunks.)
+Measured on 2 CPU cores: `residual_geometry` over 5.8 GB of `hidden` (54k tokens × 13 layers ×
+2048) in 17 s at 0.43 GB peak RSS; `kv_cosine_per_sample` over 2 × 2.6 GB of keys/values, three
+conditions against the baseline, in 31 s at 0.72 GB (conditions are computed one at a time so the
+reference's blocks are never all held at once).
 
 Nothing here imports torch or nnsight.
 """

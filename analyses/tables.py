@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
-from workbench.store import list_models
+from workbench.store import StoreError, list_models
 
 from . import attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
@@ -82,7 +82,11 @@ def cell(estimate: xr.DataArray, digits: int = 2) -> str:
     v, lo, hi = (float(estimate.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
     if not math.isfinite(v):
         return "n/a"
+    small = 0 < max(abs(v), abs(hi), abs(lo)) < 0.5 * 10.0**-digits   # would print as 0.00 [0.00, 0.00]
+
     def fmt(x: float) -> str:
+        if small:
+            return f"{x:.1e}"
         return f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
 
     return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
@@ -324,6 +328,8 @@ BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
 
 def open_models(store: str | Path, models: list[str] | None = None) -> dict[str, xr.Dataset]:
     """Every model of the store (or `models`), opened for cached analyses."""
+    if not (Path(store) / "zarr.json").exists():
+        raise StoreError(f"no workbench store at {store}")
     return {m: open_model(store, m) for m in (models or list_models(store))}
 
 

@@ -41,8 +41,13 @@ def capture_spec(store: Path, attention: bool) -> Any:
     return parse_spec(SPEC.format(attention=attn, store=store), source="<benchmark capture spec>")
 
 
-def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workdir: Path | None = None) -> dict[str, Any]:
-    """Time baseline and workbench arms on `model` (a `WorkbenchModel`) for one built-in sample."""
+def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workdir: Path | None = None,
+            clock: str = "cpu", sample_index: int = 0) -> dict[str, Any]:
+    """Time baseline and workbench arms on `model` (a `WorkbenchModel`) for one built-in sample.
+
+    clock: "cpu" (this process's CPU seconds: the primary measure on a shared CPU machine) or
+    "wall" (on a GPU, where the CPU time of the host says little; CUDA is synchronized at the end
+    of every arm). Both are recorded either way; `ratio` is the chosen one."""
     import numpy as np
     import torch
 
@@ -59,7 +64,10 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
         spec = capture_spec(store_path, attention)
         plan = compile_plan(spec, model.info)
         condition = plan.conditions[0]
-        sample = builtin_samples(1)[0]
+        sample = builtin_samples(sample_index + 1)[sample_index]
+        cuda = str(model.device).startswith("cuda")
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        now = cpu_time if clock == "cpu" else time.perf_counter
         inputs_by_image = LazyInputs(model, sample)
         inputs = inputs_by_image[condition.image]
         parts: dict[str, list[float]] = {"trace": [], "post": [], "write": []}
@@ -68,25 +76,28 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
             model.prepare()
             with torch.inference_mode():
                 out = model.hf(**inputs.encoding, output_hidden_states=True, output_attentions=attention)
+                # the residual stream to host float32, as any capture must; the attention
+                # probabilities are materialized by the forward and left where they are
                 hidden = torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()
-                if attention:
-                    _ = [a.to("cpu", torch.float32) for a in out.attentions]
+                assert not attention or len(out.attentions) == model.n_layers
+            sync()
             assert hidden.shape[1] == model.n_layers + 1
 
         with StoreWriter(store_path) as store:
             store.ensure_model(model.model_id, model.describe())
 
             def workbench(i: int) -> None:
-                t0 = cpu_time()
+                t0 = now()
                 result = _execute(model, inputs_by_image, condition, plan)
-                t1 = cpu_time()
+                sync()
+                t1 = now()
                 variables = sample_variables(inputs, result, plan.capture.coords())
                 problems = nonfinite_report(variables)
                 variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
-                t2 = cpu_time()
+                t2 = now()
                 store.write_sample(model.model_id, condition.name, f"{sample.id}#{i}", variables,
                                    condition_attrs=condition.store_attrs())
-                t3 = cpu_time()
+                t3 = now()
                 if i >= 0:
                     parts["trace"].append(t1 - t0)
                     parts["post"].append(t2 - t1)
@@ -94,13 +105,18 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
 
             paired = interleave(baseline, workbench, repeats, warmup)
     out = paired.summary()
-    base = median(paired.baseline)
+    if clock == "wall":
+        out["cpu_ratio"], out["ratio"] = out["ratio"], out["wall_ratio"]
+    base = median(paired.baseline if clock == "cpu" else paired.baseline_wall)
     out.update({
         "n_tokens": inputs.n_tokens,
         "n_vision_tokens": int((inputs.modality == "vision").sum()),
         "n_layers": model.n_layers,
         "hidden_size": model.info.hidden_size,
         "attention": attention,
+        "clock": clock,
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
         "attn_implementation": model.hf.config._attn_implementation,
         "repeats": repeats,
         "trace_median_s": round(median(parts["trace"]), 6),

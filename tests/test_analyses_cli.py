@@ -175,6 +175,18 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     assert data["norm_ratio"].dims == ("model", "stat") and data["norm_ratio"].sel(stat="value").values.item() == pytest.approx(15)
 
 
+def test_analyze_names_a_missing_store(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nothing.zarr")]) == 1
+    assert "no workbench store at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["analyze", "--help"], ["report", "--help"]])
+def test_help_texts_render(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0 and "analyze" in capsys.readouterr().out
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -255,8 +267,6 @@ def test_analyses_run_where_torch_cannot_be_imported(analysed, tmp_path):
     assert (out / "kl_vs_alpha.png").stat().st_size > 10_000
 
 
-@pytest.mark.xfail(strict=True, reason="workbench.cli.main imports workbench.plan (-> capture -> torch) before "
-                                       "dispatching; `python -m analyses` works without torch")
 def test_workbench_cli_analyze_where_torch_cannot_be_imported(analysed):
     store, _ = analysed
     result = run_without_torch(f"""

@@ -58,3 +58,51 @@ def test_study_stores_hold_what_the_analyses_need(study_stores):
     np.testing.assert_allclose(one, alpha.logprobs.sel(run_condition="baseline").values, atol=1e-6)
     swap = workbench.open_store(study_stores["kv_swap"], model="tiny-qwen3vl")
     assert set(swap.run_condition.values) == {"baseline", "blank", "hybrid"}
+
+
+def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores, tmp_path):
+    """On stores the runner wrote: alpha = 1 gives logit KL 0 and median rank 0; a KV swap with the
+    condition as its own donor gives KL 0 (to float32 round-off), a blank donor does not."""
+    from analyses import logits
+
+    for model in ("tiny-smolvlm", "tiny-qwen3vl"):
+        ds = workbench.open_store(study_stores["alpha_sweep"], model=model)
+        kl = logits.logit_kl(ds, "baseline").sel(stat="value")
+        rank = logits.median_rank(ds, "baseline").sel(stat="value")
+        assert float(kl.sel(condition="alpha=1.0")) == 0.0
+        assert float(rank.sel(condition="alpha=1.0")) == 0.0
+        assert float(kl.sel(condition="alpha=0.01")) > 0.0
+    store = tmp_path / "self_swap.zarr"
+    spec = tmp_path / "self_swap.yaml"
+    spec.write_text((SPECS / "kv_swap.yaml").read_text().replace(
+        "  hybrid:\n", "  self:\n    kv_swap: {donor: self}\n  hybrid:\n"))
+    assert main(["run", str(spec), "--models", "tiny-smolvlm,tiny-qwen3vl", "--data", "builtin", "--limit", "2",
+                 "--store", str(store), "--no-progress", "--no-table"]) == 0
+    for model in ("tiny-smolvlm", "tiny-qwen3vl"):
+        kl = logits.logit_kl(workbench.open_store(store, model=model), "baseline").sel(stat="value")
+        assert abs(float(kl.sel(condition="self"))) < 1e-6
+        assert float(kl.sel(condition="hybrid")) > 1e-6
+
+
+def test_analyze_a_runner_store_where_torch_cannot_be_imported(study_stores, tmp_path):
+    """A store written by the runner, analysed in a process where `import torch` fails."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "torch.py").write_text("raise ImportError('torch is not installed here')\n")
+    (blocker / "nnsight.py").write_text("raise ImportError('nnsight is not installed here')\n")
+    root = Path(__file__).resolve().parents[1]
+    for name in ("alpha_sweep", "kv_swap"):
+        result = subprocess.run(
+            [sys.executable, "-c", "import sys; from workbench.cli import main; "
+             "import importlib.util as u; assert u.find_spec('torch').origin.startswith(sys.argv[2]); "
+             "raise SystemExit(main(['analyze', sys.argv[1]]))", str(study_stores[name]), str(blocker)],
+            cwd=root, capture_output=True, text=True, timeout=300,
+            env={**__import__("os").environ, "PYTHONPATH": f"{blocker}:{root}"},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr
+        title = "### Scaling the projector output" if name == "alpha_sweep" else "### KV-cache substitution"
+        assert title in result.stdout and "tiny-qwen3vl" in result.stdout

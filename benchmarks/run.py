@@ -1,0 +1,340 @@
+"""Run the benchmarks, print the table, write results/latest.json and the table into README.md.
+
+    python -m benchmarks.run            # everything: tiny + real-size (~15 min on 2 CPU cores)
+    python -m benchmarks.run --quick    # tiny models only (~5 min)
+
+Every measurement is a ratio against a baseline timed in the same run, from medians of repeats,
+with torch pinned to `--threads` threads (default 1). See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from .common import REPO, RESULTS, machine, pin_threads
+
+README = Path(__file__).resolve().parent / "README.md"
+START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
+
+TARGETS = {
+    "capture_real": 1.10,   # workbench / plain transformers, real size, at most
+    "store": 0.70,          # zarr MB/s / np.save MB/s, at least
+    "analyses": 0.05,       # analyses / capture, at most
+    "memory": 0.10,         # peak RSS growth from 1 to 16 samples, at most
+}
+
+SIZES = {
+    # name: (capture repeats tiny, store (tokens, layers, dim, repeats), analyses (n, repeats),
+    #        memory counts, real-size repeats)
+    "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
+                 remote=(2, 3)),
+    "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
+                  remote=(2, 3)),
+    "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1, 2), real_repeats=1,
+                  remote=(1, 1)),
+}
+
+
+def _quiet() -> None:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+def _section(results: dict[str, Any], name: str, fn: Callable[[], Any], log: Callable[[str], None]) -> None:
+    start = time.perf_counter()
+    log(f"[bench] {name} ...")
+    try:
+        results[name] = fn()
+    except Exception as err:  # a failed section is reported in the table, the others still run
+        results[name] = {"status": "error", "reason": f"{type(err).__name__}: {err}"[:2000],
+                         "traceback": traceback.format_exc()[-4000:]}
+    log(f"[bench] {name} done in {time.perf_counter() - start:.0f} s")
+
+
+def remote_section(samples: int, repeats: int, threads: int) -> dict[str, Any]:
+    """The remote benchmark in its own process (import order of the server stack vs nnsight)."""
+    with tempfile.TemporaryDirectory(prefix="bench-remote-out-") as tmp:
+        out = Path(tmp) / "remote.json"
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.remote_bench", "--out", str(out),
+                               "--samples", str(samples), "--repeats", str(repeats), "--threads", str(threads)],
+                              cwd=REPO, capture_output=True, text=True, timeout=1800)
+        if not out.exists():
+            return {"status": "error", "reason": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-2000:]}"}
+        return json.loads(out.read_text())
+
+
+def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sections: tuple[str, ...] | None = None,
+        out: Path | None = RESULTS / "latest.json", readme: Path | None = README, log: Callable[[str], None] = print,
+        workdir: Path | None = None) -> dict[str, Any]:
+    """Run the chosen sections; return (and write) the results."""
+    from . import analyses_bench, capture, memory_bench, store_write
+
+    _quiet()
+    pin_threads(threads)
+    size = SIZES[mode]
+    real_size = (mode == "full") if real_size is None else real_size
+    sections = sections or ("capture", "store", "analyses", "memory", "remote")
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode,
+        "real_size": real_size,
+        "threads": threads,
+        "machine": machine(),
+        "sections": {},
+    }
+    sec = results["sections"]
+
+    def save() -> None:
+        results["duration_s"] = round(time.perf_counter() - started, 1)
+        results["rows"] = rows(results)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+    if "capture" in sections:
+        variants = ("layers", "layers+attention") if mode != "smoke" else ("layers+attention",)
+        _section(sec, "capture_tiny", lambda: capture.tiny(repeats=size["capture_repeats"], variants=variants,
+                                                            warmup=1 if mode == "smoke" else 2), log)
+        save()
+    if "store" in sections:
+        tokens, layers, dim, repeats = size["store"]
+        _section(sec, "store", lambda: store_write.measure(tokens, layers, dim, repeats=repeats, workdir=workdir,
+                                                           diagnostics=mode != "smoke"), log)
+        save()
+    if "analyses" in sections:
+        n, repeats = size["analyses"]
+        models = ("tiny-qwen3vl",) if mode == "smoke" else ("tiny-smolvlm", "tiny-qwen3vl")
+        _section(sec, "analyses_tiny", lambda: analyses_bench.tiny(models, n=n, repeats=repeats, workdir=workdir), log)
+        save()
+    if "memory" in sections:
+        counts = size["memory"]
+        _section(sec, "memory_tiny", lambda: memory_bench.tiny(counts, workdir), log)
+        save()
+        if mode != "smoke":
+            _section(sec, "memory_wide", lambda: memory_bench.wide(counts, workdir), log)
+            save()
+        if mode == "full":
+            # the same with glibc limited to one malloc arena: isolates the allocator's part
+            _section(sec, "memory_wide_one_arena", lambda: memory_bench.wide(counts, workdir, {"MALLOC_ARENA_MAX": "1"}), log)
+            save()
+    if "remote" in sections:
+        samples, repeats = size["remote"]
+        _section(sec, "remote", lambda: remote_section(samples, repeats, threads), log)
+        save()
+    if real_size and ("capture" in sections or "analyses" in sections):
+        from .realsize import REAL_SIZE, real_size_model
+
+        for name in REAL_SIZE:
+            def one(name: str = name) -> dict[str, Any]:
+                out_: dict[str, Any] = {}
+                t0 = time.perf_counter()
+                with real_size_model(name, attn="eager") as model:
+                    out_["build_s"] = round(time.perf_counter() - t0, 1)
+                    if "capture" in sections:
+                        out_["capture"] = capture.real_size_one(name, model, repeats=size["real_repeats"])[f"{name} | layers+attention"]
+                        save_partial(out_)
+                    if "analyses" in sections:
+                        out_["analyses"] = analyses_bench.real_size_one(name, model, repeats=max(1, size["real_repeats"] - 1),
+                                                                        workdir=workdir)
+                return out_
+
+            def save_partial(part: dict[str, Any], name: str = name) -> None:
+                sec[f"real:{name}"] = {**part, "status": "partial"}
+                save()
+
+            _section(sec, f"real:{name}", one, log)
+            save()
+    save()
+    table = markdown(results)
+    log("\n" + table)
+    if readme is not None and out is not None:
+        update_readme(readme, results, table)
+    return results
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _row(section: str, measurement: str, scale: str, baseline: str, workbench: str, ratio: float | None,
+         wall: float | None, noise: float | None, target: str, met: bool | None, note: str = "") -> dict[str, Any]:
+    return {"section": section, "measurement": measurement, "scale": scale, "baseline": baseline,
+            "workbench": workbench, "ratio": ratio, "wall_ratio": wall, "noise": noise, "target": target,
+            "met": met, "note": note}
+
+
+def _error_row(section: str, measurement: str, scale: str, data: dict[str, Any]) -> dict[str, Any]:
+    return _row(section, measurement, scale, "—", "—", None, None, None, "—", None,
+                f"{data.get('status')}: {data.get('reason', '')}"[:300])
+
+
+def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    sec = results["sections"]
+    out = []
+    tiny = sec.get("capture_tiny")
+    if tiny is not None:
+        if tiny.get("status") == "error":
+            out.append(_error_row("1", "capture overhead", "tiny", tiny))
+        else:
+            for key, r in tiny.items():
+                out.append(_row("1", f"capture overhead, {r['variant']}", f"{r['model']} ({r['n_tokens']} tok)",
+                                f"plain fwd {_fmt_s(r['baseline_median_s'])}",
+                                f"{_fmt_s(r['candidate_median_s'])} (trace {_fmt_s(r['trace_median_s'])}, write {_fmt_s(r['write_median_s'])})",
+                                r["ratio"], r["wall_ratio"], r["noise"], "— (tiny: informational)", None))
+    for name, data in sec.items():
+        if not name.startswith("real:"):
+            continue
+        model = name.split(":", 1)[1]
+        if data.get("status") == "error" and "capture" not in data:
+            out.append(_error_row("1", "capture overhead, layers+attention", f"{model} (real size)", data))
+            continue
+        r = data.get("capture")
+        if r:
+            out.append(_row("1", "capture overhead, layers+attention", f"{model} ({r['n_tokens']} tok, fp32)",
+                            f"plain fwd {_fmt_s(r['baseline_median_s'])}",
+                            f"{_fmt_s(r['candidate_median_s'])} (trace {_fmt_s(r['trace_median_s'])}, write {_fmt_s(r['write_median_s'])})",
+                            r["ratio"], r["wall_ratio"], r["noise"], f"≤ {TARGETS['capture_real']:.2f}",
+                            r["ratio"] <= TARGETS["capture_real"]))
+    st = sec.get("store")
+    if st is not None:
+        if st.get("status") == "error":
+            out.append(_error_row("2", "store write throughput", "", st))
+        else:
+            shape = "×".join(map(str, st["shape"]))
+            out.append(_row("2", "store write MB/s (zarr / np.save)", f"{shape} fp32 ({st['mb_per_sample']:.0f} MB)",
+                            f"np.save {st['raw_mb_per_s']:.0f} MB/s", f"write_sample {st['zarr_mb_per_s']:.0f} MB/s",
+                            st["throughput_ratio"], st["throughput_ratio_wall"], st["noise"],
+                            f"≥ {TARGETS['store']:.2f}", st["throughput_ratio"] >= TARGETS["store"],
+                            f"zarr API alone (same codec, chunks): {st['arms'].get('zarr_api_lz4', {}).get('mb_per_s', '—')} MB/s; "
+                            f"stored {st['stored_fraction']:.2f} of raw bytes" if "arms" in st else ""))
+    for name, data in [("analyses_tiny", sec.get("analyses_tiny"))] + [
+            (n, d.get("analyses")) for n, d in sec.items() if n.startswith("real:")]:
+        if data is None:
+            continue
+        scale = "tiny" if name == "analyses_tiny" else f"{name.split(':', 1)[1]} (real size)"
+        if data.get("status") == "error":
+            out.append(_error_row("3", "analyses / capture", scale, data))
+            continue
+        a = data["analyses"]
+        out.append(_row("3", f"analyses / capture ({a['entry_point']})",
+                        f"{', '.join(data['models'])}, {data['samples']} sample(s), {data['conditions']}" if name != "analyses_tiny"
+                        else f"tiny ×2, {data['samples']} samples, 6 conditions",
+                        f"capture {_fmt_s(data['capture_cpu_s'])}", f"analyses {_fmt_s(a['cpu_median_s'])} ({a['tables']} tables)",
+                        data["ratio"], data["wall_ratio"], data["noise"], f"≤ {TARGETS['analyses']:.2f}",
+                        data["ratio"] <= TARGETS["analyses"]))
+    for name, label in (("memory_tiny", "tiny ×2"), ("memory_wide", "wide (hidden 2048 × 24 layers)"),
+                        ("memory_wide_one_arena", "wide, MALLOC_ARENA_MAX=1")):
+        m = sec.get(name)
+        if m is None:
+            continue
+        if m.get("status") == "error":
+            out.append(_error_row("4", "peak RSS vs samples", label, m))
+            continue
+        peaks = " / ".join(f"{r['peak_rss_mb']:.0f}" for r in m["runs"].values())
+        counts = "/".join(m["runs"])
+        out.append(_row("4", f"peak RSS, n = {counts} samples", label, f"n={counts.split('/')[0]}: {next(iter(m['runs'].values()))['peak_rss_mb']:.0f} MB",
+                        f"{peaks} MB (kept captures would add {m['accumulated_if_kept_mb']:.0f} MB)",
+                        round(1 + m["growth"], 4), None, None, f"≤ {1 + TARGETS['memory']:.2f}",
+                        m["growth"] <= TARGETS["memory"],
+                        f"after warm-up (n={counts.split('/')[1]}→{counts.split('/')[-1]}): ×{1 + m['growth_after_warmup']:.3f}"
+                        if m.get("growth_after_warmup") is not None else ""))
+    r = sec.get("remote")
+    if r is not None:
+        if r.get("status") != "measured":
+            out.append(_row("5", "remote (loopback NDIF) / local", "", "—", "—", None, None, None, "—", None,
+                            f"{r.get('status')}: {r.get('reason', '')}"[:300]))
+        else:
+            out.append(_row("5", "remote (loopback NDIF) / local run_spec", f"{r['model']}, {r['samples']} samples × {r['conditions']} conditions",
+                            f"local {_fmt_s(r['baseline_median_s'])}", f"remote {_fmt_s(r['candidate_median_s'])}",
+                            r["ratio"], r["wall_ratio"], r["noise"], "— (no target)", None))
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    v = m["versions"]
+    lines = [
+        f"Run {results['started']} (`{results['mode']}`{', real size' if results['real_size'] else ''}), "
+        f"{results.get('duration_s', 0) / 60:.1f} min. Machine: {m['cpu']}, {m['cores']} cores ({m['simd']}), "
+        f"{m['ram_gb']} GB RAM{', GPU ' + m['gpu'] if m.get('gpu') else ''}; Python {m['python']}, torch {v.get('torch')}, "
+        f"transformers {v.get('transformers')}, nnsight {v.get('nnsight')}, zarr {v.get('zarr')}; "
+        f"torch threads {results['threads']}.",
+        "",
+        "Ratios are workbench / baseline of medians of CPU seconds (user + system, this process or the "
+        "child's), the baseline timed in the same run; `wall` is the same from wall-clock time; "
+        "`noise` is the relative spread of the repeats.",
+        "",
+        "| # | measurement | scale | baseline | workbench | ratio | wall | noise | target | met |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results.get("rows") or rows(results):
+        met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        wall = "—" if r["wall_ratio"] is None else f"{r['wall_ratio']:.3f}"
+        noise = "—" if r["noise"] is None else f"±{r['noise'] * 100:.0f}%"
+        note = f" <br>{r['note']}" if r["note"] else ""
+        lines.append(f"| {r['section']} | {r['measurement']}{note} | {r['scale']} | {r['baseline']} | {r['workbench']} | "
+                     f"{ratio} | {wall} | {noise} | {r['target']} | {met} |")
+    return "\n".join(lines)
+
+
+def update_readme(path: Path, results: dict[str, Any], table: str) -> None:
+    """Replace the block between the result markers (the rest of the README is hand-written)."""
+    block = f"{START}\n{table}\n\nRaw numbers: `benchmarks/results/latest.json`.\n{END}"
+    text = path.read_text() if path.exists() else f"# Benchmarks\n\n{START}\n{END}\n"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny models only (no real-size models)")
+    parser.add_argument("--smoke", action="store_true", help="minimal sizes (seconds; for the smoke test)")
+    parser.add_argument("--real-size", dest="real_size", action="store_true", default=None,
+                        help="also the real-size random-weight models (default unless --quick)")
+    parser.add_argument("--no-real-size", dest="real_size", action="store_false")
+    parser.add_argument("--sections", default="capture,store,analyses,memory,remote",
+                        help="comma-separated subset of capture,store,analyses,memory,remote")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="results JSON")
+    parser.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")
+    args = parser.parse_args(argv)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    run(mode, args.real_size, args.threads, sections, args.out, None if args.no_readme else README)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
