@@ -66,7 +66,8 @@ def _section(results: dict[str, Any], name: str, fn: Callable[[], Any], log: Cal
     try:
         results[name] = fn()
     except Exception as err:  # a failed section is reported in the table, the others still run
-        results[name] = {"status": "error", "reason": f"{type(err).__name__}: {err}"[:2000],
+        previous = results.get(name) if isinstance(results.get(name), dict) else {}
+        results[name] = {**previous, "status": "error", "reason": f"{type(err).__name__}: {err}"[:2000],
                          "traceback": traceback.format_exc()[-4000:]}
     log(f"[bench] {name} done in {time.perf_counter() - start:.0f} s")
 
