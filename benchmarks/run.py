@@ -36,11 +36,11 @@ TARGETS = {
 SIZES = {
     # name: (capture repeats tiny, store (tokens, layers, dim, repeats), analyses (n, repeats),
     #        memory counts, real-size repeats)
-    "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
+    "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3)),
-    "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1, 2), real_repeats=1,
+    "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1)),
 }
 
@@ -126,11 +126,16 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
     if "analyses" in sections:
         n, repeats = size["analyses"]
         models = ("tiny-qwen3vl",) if mode == "smoke" else ("tiny-smolvlm", "tiny-qwen3vl")
-        _section(sec, "analyses_tiny", lambda: analyses_bench.tiny(models, n=n, repeats=repeats, workdir=workdir), log)
+        conditions = ("baseline", "alpha") if mode == "smoke" else analyses_bench.ALL_CONDITIONS
+        _section(sec, "analyses_tiny", lambda: analyses_bench.tiny(models, n=n, repeats=repeats, workdir=workdir,
+                                                                   conditions=conditions), log)
         save()
     if "memory" in sections:
         counts = size["memory"]
-        _section(sec, "memory_tiny", lambda: memory_bench.tiny(counts, workdir), log)
+        if mode == "smoke":
+            _section(sec, "memory_tiny", lambda: memory_bench.measure(["tiny-qwen3vl"], counts, workdir), log)
+        else:
+            _section(sec, "memory_tiny", lambda: memory_bench.tiny(counts, workdir), log)
         save()
         if mode != "smoke":
             _section(sec, "memory_wide", lambda: memory_bench.wide(counts, workdir), log)
@@ -156,8 +161,8 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
                         out_["capture"] = capture.real_size_one(name, model, repeats=size["real_repeats"])[f"{name} | layers+attention"]
                         save_partial(out_)
                     if "analyses" in sections:
-                        out_["analyses"] = analyses_bench.real_size_one(name, model, repeats=max(1, size["real_repeats"] - 1),
-                                                                        workdir=workdir)
+                        out_["analyses"] = analyses_bench.real_size_one(name, model, repeats=2 if mode != "smoke" else 1,
+                                                                        workdir=workdir, copies=7 if mode != "smoke" else 1)
                 return out_
 
             def save_partial(part: dict[str, Any], name: str = name) -> None:
@@ -232,8 +237,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"np.save {st['raw_mb_per_s']:.0f} MB/s", f"write_sample {st['zarr_mb_per_s']:.0f} MB/s",
                             st["throughput_ratio"], st["throughput_ratio_wall"], st["noise"],
                             f"≥ {TARGETS['store']:.2f}", st["throughput_ratio"] >= TARGETS["store"],
-                            f"zarr API alone (same codec, chunks): {st['arms'].get('zarr_api_lz4', {}).get('mb_per_s', '—')} MB/s; "
-                            f"stored {st['stored_fraction']:.2f} of raw bytes" if "arms" in st else ""))
+                            _store_note(st)))
     for name, data in [("analyses_tiny", sec.get("analyses_tiny"))] + [
             (n, d.get("analyses")) for n, d in sec.items() if n.startswith("real:")]:
         if data is None:
@@ -243,13 +247,22 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_error_row("3", "analyses / capture", scale, data))
             continue
         a = data["analyses"]
+        notes = []
+        if a.get("startup_cpu_s") is not None:
+            notes.append(f"start-up (interpreter + imports) {_fmt_s(a['startup_cpu_s'])} of it")
+        sc = data.get("scaling")
+        if sc:
+            notes.append(f"with {sc['samples']} samples: analyses {_fmt_s(sc['analyses']['cpu_median_s'])}, i.e. "
+                         f"{_fmt_s(sc['analyses_cpu_per_sample_s'])} per sample vs capture {_fmt_s(sc['capture_cpu_per_sample_s'])} "
+                         f"(marginal ratio {sc['marginal_ratio']:.3f}); projected at {sc['study_samples']} samples: "
+                         f"{sc['projected_ratio']:.3f}")
         out.append(_row("3", f"analyses / capture ({a['entry_point']})",
                         f"{', '.join(data['models'])}, {data['samples']} sample(s), {data['conditions']}" if name != "analyses_tiny"
-                        else f"tiny ×2, {data['samples']} samples, 6 conditions",
+                        else f"{', '.join(data['models'])}, {data['samples']} sample(s), {data['conditions']}",
                         f"capture {_fmt_s(data['capture_cpu_s'])}", f"analyses {_fmt_s(a['cpu_median_s'])} ({a['tables']} tables)",
                         data["ratio"], data["wall_ratio"], data["noise"], f"≤ {TARGETS['analyses']:.2f}",
-                        data["ratio"] <= TARGETS["analyses"]))
-    for name, label in (("memory_tiny", "tiny ×2"), ("memory_wide", "wide (hidden 2048 × 24 layers)"),
+                        data["ratio"] <= TARGETS["analyses"], "; ".join(notes)))
+    for name, label in (("memory_tiny", "tiny"), ("memory_wide", "wide (hidden 2048 × 24 layers)"),
                         ("memory_wide_one_arena", "wide, MALLOC_ARENA_MAX=1")):
         m = sec.get(name)
         if m is None:
@@ -259,11 +272,13 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         peaks = " / ".join(f"{r['peak_rss_mb']:.0f}" for r in m["runs"].values())
         counts = "/".join(m["runs"])
+        if name == "memory_tiny":
+            label = ", ".join(m["models"])
         out.append(_row("4", f"peak RSS, n = {counts} samples", label, f"n={counts.split('/')[0]}: {next(iter(m['runs'].values()))['peak_rss_mb']:.0f} MB",
                         f"{peaks} MB (kept captures would add {m['accumulated_if_kept_mb']:.0f} MB)",
                         round(1 + m["growth"], 4), None, None, f"≤ {1 + TARGETS['memory']:.2f}",
                         m["growth"] <= TARGETS["memory"],
-                        f"after warm-up (n={counts.split('/')[1]}→{counts.split('/')[-1]}): ×{1 + m['growth_after_warmup']:.3f}"
+                        f"after warm-up (n={counts.split('/')[1]} → {counts.split('/')[-1]}): ×{1 + m['growth_after_warmup']:.3f}"
                         if m.get("growth_after_warmup") is not None else ""))
     r = sec.get("remote")
     if r is not None:
@@ -275,6 +290,17 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"local {_fmt_s(r['baseline_median_s'])}", f"remote {_fmt_s(r['candidate_median_s'])}",
                             r["ratio"], r["wall_ratio"], r["noise"], "— (no target)", None))
     return out
+
+
+def _store_note(st: dict[str, Any]) -> str:
+    arms = st.get("arms", {})
+    parts = [f"{label} {arms[key]['mb_per_s']:.0f} MB/s" for key, label in (
+        ("zarr_api_lz4", "zarr API alone, same codec and chunks:"), ("zarr_api_lz4_astype", "+ the astype copy:"),
+        ("zarr_api_uncompressed", "uncompressed:")) if key in arms]
+    if st.get("diagnostics"):
+        parts.append(f"lz4+shuffle encode alone {st['diagnostics']['blosc_lz4_encode_cpu_s'] * 1e3:.0f} ms/sample")
+    parts.append(f"stored {st['stored_fraction']:.2f} of the raw bytes")
+    return "; ".join(parts)
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -1,0 +1,90 @@
+"""Smoke test of benchmarks/: the quick benchmark functions at minimal sizes, and the structure of
+the JSON and README table they write. No timing assertions (timings are the benchmark's job)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytest.importorskip("torch")
+pytest.importorskip("nnsight")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and x == x  # not NaN
+
+
+def test_quick_benchmarks_at_minimal_size(tmp_path):
+    from benchmarks import run as bench
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\nhand-written text\n\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n\ntail\n")
+    out = tmp_path / "latest.json"
+    bench.run("smoke", real_size=False, sections=("capture", "store", "analyses", "memory"), out=out,
+              readme=readme, log=lambda _: None, workdir=tmp_path)
+
+    data = json.loads(out.read_text())
+    assert {"started", "mode", "threads", "machine", "sections", "rows", "duration_s"} <= set(data)
+    assert data["mode"] == "smoke" and data["real_size"] is False
+    m = data["machine"]
+    assert {"cpu", "cores", "ram_gb", "versions"} <= set(m) and {"torch", "nnsight"} <= set(m["versions"])
+
+    sec = data["sections"]
+    assert set(sec) == {"capture_tiny", "store", "analyses_tiny", "memory_tiny"}
+    for name, section in sec.items():
+        assert section.get("status") != "error", (name, section.get("reason"), section.get("traceback"))
+
+    assert set(sec["capture_tiny"]) == {"tiny-smolvlm | layers+attention", "tiny-qwen3vl | layers+attention"}
+    for r in sec["capture_tiny"].values():
+        assert len(r["baseline_cpu_s"]) == len(r["candidate_cpu_s"]) == 2
+        for key in ("ratio", "pair_ratio", "wall_ratio", "trace_median_s", "write_median_s", "n_tokens"):
+            assert _number(r[key]), key
+        assert r["attention"] is True and r["n_layers"] == 3
+
+    st = sec["store"]
+    assert st["shape"] == [64, 3, 128] and set(st["arms"]) == {"raw", "workbench"}
+    assert _number(st["throughput_ratio"]) and _number(st["zarr_mb_per_s"]) and 0 < st["stored_fraction"] <= 1.5
+
+    an = sec["analyses_tiny"]
+    assert an["analyses"]["entry_point"] in ("workbench analyze", "analyses.tables.analyze", "analyses.norms.norm_table")
+    assert an["analyses"]["tables"] >= 1 and _number(an["ratio"]) and an["capture_cpu_s"] > 0
+
+    mem = sec["memory_tiny"]
+    assert list(mem["runs"]) == ["1"] and mem["runs"]["1"]["peak_rss_mb"] > 0 and _number(mem["growth"])
+
+    rows = data["rows"]
+    assert {r["section"] for r in rows} == {"1", "2", "3", "4"}
+    for r in rows:
+        assert {"measurement", "scale", "baseline", "workbench", "ratio", "target", "met"} <= set(r)
+
+    text = readme.read_text()
+    assert text.startswith("# Benchmarks\n\nhand-written text") and text.rstrip().endswith("tail")
+    assert "old" not in text and "| # | measurement |" in text and text.count("<!-- bench:results:start -->") == 1
+
+
+def test_table_reports_failed_and_unavailable_sections():
+    from benchmarks import run as bench
+    from benchmarks.common import machine
+
+    results = {"started": "t", "mode": "quick", "real_size": False, "threads": 1, "machine": machine(),
+               "duration_s": 1.0, "sections": {
+                   "store": {"status": "error", "reason": "OSError: disk full"},
+                   "remote": {"status": "not available", "reason": "workbench.backends.remote does not exist yet"},
+               }}
+    table = bench.markdown(results)
+    assert "error: OSError: disk full" in table
+    assert "not available: workbench.backends.remote does not exist yet" in table
+
+
+def test_remote_section_is_guarded():
+    from benchmarks import remote_bench
+
+    ok, reason = remote_bench.available()
+    assert isinstance(ok, bool) and (ok or reason)
