@@ -27,9 +27,9 @@ clean-stores:
 	rm -rf stores/*.zarr stores/*.lock
 
 # Benchmarks (benchmarks/README.md): ratios against baselines timed in the same run.
-# `bench`: tiny + real-size random-weight models (~15 min, ~12 GB RAM); writes
+# `bench`: tiny + real-size random-weight models (~12 min, ~12 GB RAM); writes
 # benchmarks/results/latest.json and the table into benchmarks/README.md.
-# `bench-quick`: tiny models only (~5 min); writes benchmarks/results/quick.json.
+# `bench-quick`: tiny models only (~4 min); writes benchmarks/results/quick.json.
 .PHONY: bench bench-quick
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run

@@ -142,3 +142,49 @@ def _codec_costs(arrays: list[np.ndarray], repeats: int) -> dict[str, Any]:
         "astype_copy_cpu_s": round(median(copy), 4),
         "lz4_compressed_fraction": round(compressed / arrays[0].nbytes, 3),
     }
+
+
+def _raise_mmap_threshold() -> bool:
+    """glibc: serve allocations up to 1 GiB from the heap and keep freed memory (no munmap, no
+    trim), so a buffer freed after one sample is reused by the next instead of being faulted in
+    (and zeroed) again. Returns whether both settings were accepted."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.store_write --out X.json [--mallopt]`: the section in its own process
+    (the benchmark runner uses it for the variant with glibc's mmap threshold raised)."""
+    import argparse
+    import json
+
+    from .common import pin_threads
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_write")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mallopt", action="store_true", help="raise glibc's mmap/trim thresholds first")
+    parser.add_argument("--shape", default="600,29,2048")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    applied = _raise_mmap_threshold() if args.mallopt else False
+    tokens, layers, dim = (int(x) for x in args.shape.split(","))
+    result = measure(tokens, layers, dim, repeats=args.repeats)
+    result["mallopt"] = {"requested": args.mallopt, "applied": applied,
+                         "M_MMAP_THRESHOLD": 1 << 30 if applied else None, "M_TRIM_THRESHOLD": (1 << 31) - 1 if applied else None}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

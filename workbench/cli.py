@@ -55,9 +55,10 @@ def _remote_target(value: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .backends.remote import RemoteRunError
-    from .runner import run_spec
+    from .runner import run_spec, tune_allocator
 
     spec = _load(args)
+    tune_allocator()
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
                            progress=not args.no_progress, remote=args.remote)

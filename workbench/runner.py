@@ -47,6 +47,21 @@ class RunSummary:
     nonfinite: list[str] = field(default_factory=list)  # model | sample | condition | variable layer: counts
 
 
+def tune_allocator() -> bool:
+    """glibc: serve large allocations from the heap and keep freed memory, so each sample's
+    temporaries reuse the last sample's pages instead of being faulted in and zeroed again
+    (benchmarks/: store writes 0.27-0.39x -> 0.84-0.93x of np.save). For the capture process
+    only; returns whether glibc accepted it (elsewhere a no-op)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
 def package_versions() -> dict[str, str | None]:
     versions = {}
     for name in _VERSIONED:

@@ -246,7 +246,8 @@ class StoreWriter:
             if dim in group and not np.array_equal(group[dim][:], np.asarray(values)):
                 raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {group.path}")
         array.resize((offset + data.shape[0],) + tuple(array.shape[1:]))
-        array[offset : offset + data.shape[0]] = data.astype(array.dtype) if data.dtype.kind != "U" else data
+        # asarray: no copy when the capture already has the stored dtype (float32)
+        array[offset : offset + data.shape[0]] = data if data.dtype.kind == "U" else np.asarray(data, dtype=array.dtype)
 
     def _create(self, group: zarr.Group, name: str, var: Variable) -> None:
         data = np.asarray(var.data)
