@@ -145,17 +145,10 @@ def _codec_costs(arrays: list[np.ndarray], repeats: int) -> dict[str, Any]:
 
 
 def _raise_mmap_threshold() -> bool:
-    """glibc: serve allocations up to 1 GiB from the heap and keep freed memory (no munmap, no
-    trim), so a buffer freed after one sample is reused by the next instead of being faulted in
-    (and zeroed) again. Returns whether both settings were accepted."""
-    import ctypes
+    """The allocator settings `workbench run` applies (see `workbench.runner.tune_allocator`)."""
+    from workbench.runner import tune_allocator
 
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+    return tune_allocator()
 
 
 def main(argv: list[str] | None = None) -> int:
