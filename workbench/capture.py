@@ -17,7 +17,7 @@ Stored variables (dims; what a row is):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,6 @@ class AttentionCapture:
     per query the mass on vision keys, and the last query's full row (the decode step's)."""
 
     layers: tuple[int, ...]
-    vision_keys: Any = field(default=None, compare=False)  # set per sample: bool tensor (seq,)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("attention", l, 2), l) for l in self.layers]

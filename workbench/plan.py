@@ -64,10 +64,6 @@ class ModelPlan:
     def condition(self, name: str) -> ConditionPlan:
         return next(c for c in self.conditions if c.name == name)
 
-    @property
-    def captures(self) -> CapturePlan:  # kept for readers of the earlier name
-        return self.capture
-
 
 class _Checker:
     """Collects (spec path, message) problems for one model."""
@@ -127,7 +123,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
     return plan
 
 
-def _interventions(instance: Any, check: _Checker, names: set[str]) -> tuple[Any, ...]:
+def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
     items = []
     base: SpecPath = ("conditions", instance.base, "interventions")
     for j, raw in enumerate(instance.interventions):
@@ -153,7 +149,6 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
     check = _Checker(info)
     capture = _capture_plan(spec, check)
     instances = spec.expand_conditions()
-    names = {i.name for i in instances}
     images = {i.name: i.image for i in instances}
     conditions = []
     for instance in instances:
@@ -172,7 +167,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
             if not capture.decoding:
                 check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
                           "capture of logits or attention to see it")
-        items = _interventions(instance, check, names)
+        items = _interventions(instance, check)
         for item in items:
             if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
                 check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
