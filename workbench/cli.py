@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any, Sequence
 
-EXIT_BAD_INPUT = 2
-
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
@@ -181,20 +179,16 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .spec import SpecError  # PlanError is a SpecError; neither import pulls in torch
-    from .store import StoreError
+    from .errors import WorkbenchError
 
     args = build_parser().parse_args(argv)
     if args.command in ("run", "validate"):  # the commands that load models
         _quiet_libraries()
     try:
         return args.func(args)
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except StoreError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except WorkbenchError as err:  # expected failures: one message, no traceback
+        print(f"error: {err.user_message()}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, NoReturn
 
 from PIL import Image, ImageDraw
 
+from .errors import DataError
 from .spec import DATBENCH_CONFIGS
 
 __all__ = [
@@ -266,7 +267,7 @@ _DATBENCH_LAYOUT = (
 )
 
 
-class DatBenchError(ValueError):
+class DatBenchError(DataError, ValueError):
     """DatBench could not be loaded (offline, a wrong ``data.path``, a foreign schema)."""
 
 

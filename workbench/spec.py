@@ -35,6 +35,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .errors import BadInputError
+
 __all__ = [
     "KNOWN_SITES",
     "TINY_MODEL_NAMES",
@@ -124,7 +126,7 @@ class Problem:
         return f"{where}: {self.field}: {self.message}"
 
 
-class SpecError(ValueError):
+class SpecError(BadInputError, ValueError):
     """Raised for any invalid spec.
 
     ``str(err)`` lists every problem on its own line as

@@ -41,6 +41,8 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from .errors import StoreError, StorePathError  # noqa: F401  (re-exported)
+
 STORE_FORMAT = 1
 COMMIT_ARRAYS = ("run_sample", "run_tokens")
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
@@ -77,8 +79,6 @@ def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
     return sorted((name, g) for name, g in root.groups() if g.attrs.get("workbench_kind") != ANALYSIS_KIND)
 
 
-class StoreError(RuntimeError):
-    """A store cannot be used as asked (busy, inconsistent with the spec, damaged)."""
 
 
 class StoreBusyError(StoreError):

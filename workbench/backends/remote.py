@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator
 import nnsight
 import torch
 
+from ..errors import RemoteError
 from .local import RunResult, run_condition as _decorated_run_condition
 
 # inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
@@ -152,7 +153,7 @@ class RemoteConfig:
 # --------------------------------------------------------------------------- errors
 
 
-class RemoteRunError(RuntimeError):
+class RemoteRunError(RemoteError, RuntimeError):
     """A remote run stopped. Everything already written to the store is kept; rerun to resume."""
 
 
