@@ -328,8 +328,6 @@ BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
 
 def open_models(store: str | Path, models: list[str] | None = None) -> dict[str, xr.Dataset]:
     """Every model of the store (or `models`), opened for cached analyses."""
-    if not (Path(store) / "zarr.json").exists():
-        raise StoreError(f"no workbench store at {store}")
     return {m: open_model(store, m) for m in (models or list_models(store))}
 
 

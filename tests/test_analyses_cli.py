@@ -176,7 +176,7 @@ def test_tables_name_what_a_store_lacks(tmp_path):
 
 
 def test_analyze_names_a_missing_store(tmp_path, capsys):
-    assert main(["analyze", str(tmp_path / "nothing.zarr")]) == 1
+    assert main(["analyze", str(tmp_path / "nothing.zarr")]) == 2  # bad input
     assert "no workbench store at" in capsys.readouterr().err
 
 

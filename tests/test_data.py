@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from workbench.data import CATEGORIES, SIDES, Sample, builtin_samples, load_samples
+from workbench.data import CATEGORIES, SIDES, Sample, builtin_samples, input_hash, load_samples
 from workbench.spec import DataSpec
 
 
@@ -19,10 +19,14 @@ def test_deterministic():
     assert fingerprint(builtin_samples(12, seed=5)) == fingerprint(builtin_samples(12, seed=5))
 
 
-def test_seed_changes_content_not_ids():
+def test_seed_changes_content_and_ids():
+    """Sample ids include everything that changes the input, so a store never confuses two seeds."""
     a, b = builtin_samples(8, seed=0), builtin_samples(8, seed=1)
-    assert [s.id for s in a] == [s.id for s in b]
+    assert [s.id for s in a][0] == "builtin/counting/000" and b[0].id == "builtin-seed1/counting/000"
+    assert not {s.id for s in a} & {s.id for s in b}
     assert [s.image.tobytes() for s in a] != [s.image.tobytes() for s in b]
+    assert [input_hash(s) for s in a] != [input_hash(s) for s in b]
+    assert [input_hash(s) for s in a] == [input_hash(s) for s in builtin_samples(8, seed=0)]
 
 
 def test_prefix_stable():

@@ -53,7 +53,7 @@ from workbench.spec import parse_spec  # noqa: E402
 KEY = "wb-test-key-7f3a91c2"
 MODELS = ("tiny-llama", "tiny-qwen3vl")
 # attrs of a model group that say where it ran (they differ by design between backends)
-BACKEND_ATTRS = {"provenance", "dtype", "device", "backend", "remote_target", "revision"}
+BACKEND_ATTRS = {"provenance", "dtype", "device", "device_kind", "backend", "remote_target", "revision"}
 ALL_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
                 "{site: embed}, {site: final_norm}]")
 

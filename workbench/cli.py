@@ -1,4 +1,4 @@
-"""The `workbench` command line: run, validate, info, analyze, report."""
+"""The `workbench` command line: run, validate, info, verify, analyze, report."""
 
 from __future__ import annotations
 
@@ -77,29 +77,54 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .store import store_info
+    from .store import store_history, store_info
 
-    info = store_info(args.store)
+    if args.history:
+        history = store_history(args.store)
+        if args.json:
+            print(json.dumps(history, indent=2))
+            return 0
+        print(f"{'snapshot':<22} {'time (UTC)':<26} {'tags':<10} message")
+        for s in history:
+            print(f"{s['snapshot']:<22} {s['time']:<26} {','.join(s['tags']):<10} {s['message']}")
+        print(f"\nread a past state: workbench.open_store({str(args.store)!r}, snapshot=<tag or snapshot>)")
+        return 0
+    info = store_info(args.store, snapshot=args.snapshot)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"store {info['path']}  ({info['runs']} run(s) recorded)")
-    damaged = False
+    print(f"store {info['path']}  ({info['runs']} run(s) recorded, snapshot {info['snapshot']}, "
+          f"{info['bytes'] / 1e6:.2f} MB on disk)")
     for model_id, model in info["models"].items():
         print(f"\n{model_id}  [{model.get('family', '?')}, {model.get('n_layers', '?')} layers, "
-              f"hidden {model.get('hidden_size', '?')}]")
-        print(f"  {'condition':<20} {'samples':>7} {'tokens':>8} {'layers':>8} {'MB':>8}  variables")
+              f"hidden {model.get('hidden_size', '?')}, {model.get('dtype', '?')} on {model.get('device', '?')}]")
+        print(f"  {'condition':<20} {'samples':>7} {'tokens':>8} {'layers':>8}  variables")
         for name, c in model["conditions"].items():
             variables = ", ".join(f"{k}{tuple(v['shape'])}" for k, v in c["variables"].items())
             layers = f"{len(c['layers'])}" if c["layers"] else "-"
-            print(f"  {name:<20} {c['samples']:>7} {c['tokens']:>8} {layers:>8} {c['bytes'] / 1e6:>8.2f}  {variables}")
+            print(f"  {name:<20} {c['samples']:>7} {c['tokens']:>8} {layers:>8}  {variables}")
             if c.get("nonfinite_runs"):
                 print(f"    {c['nonfinite_runs']} run(s) with NaN/Inf captures (see the 'nonfinite' variable)")
-            for d in c["damage"]:
-                damaged = True
-                print(f"    DAMAGE (uncommitted rows, hidden from readers; the next run repairs them): {d}")
-    print("\nno damage found" if not damaged else "\ndamage found: rerun the spec to repair and resume")
+    print(f"\nthis lists the last commit; `workbench verify {args.store}` reads every chunk and checks its "
+          f"checksum, and `workbench info {args.store} --history` lists past snapshots")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .store import verify_store
+
+    damage = verify_store(args.store, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps([d.__dict__ for d in damage], indent=2, default=list))
+    elif not damage:
+        print(f"{args.store}: every chunk read back and matched its checksum")
+    else:
+        print(f"{args.store}: {len(damage)} damaged piece(s):")
+        for d in damage:
+            print(f"  {d.describe()}")
+        print("rerun the spec that wrote the store: it drops the damaged conditions and re-captures them "
+              "(or restores the last intact snapshot)")
+    return 1 if damage else 0
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -150,7 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "layers and sizes in STORE, and any damage left by an interrupted run.")
     info.add_argument("store")
     info.add_argument("--json", action="store_true", help="print as JSON")
+    info.add_argument("--history", action="store_true", help="list the store's snapshots (one per result) and run tags")
+    info.add_argument("--snapshot", help="describe a past state: a run tag (run-1) or a snapshot id")
     info.set_defaults(func=cmd_info)
+
+    verify = sub.add_parser("verify", help="read every chunk of a store and check its checksum",
+                            description="Read every chunk of STORE's last commit, check each CRC-32C, and report "
+                            "each damaged chunk by model, condition, variable and row range (exit 1 if any).")
+    verify.add_argument("store")
+    verify.add_argument("--json", action="store_true", help="print as JSON")
+    verify.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    verify.set_defaults(func=cmd_verify)
 
     from analyses import commands  # argparse only: the analyses themselves load on use
 

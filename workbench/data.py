@@ -41,6 +41,18 @@ class Sample:
     answer: str | None = None
 
 
+def input_hash(sample: Sample) -> str:
+    """A digest of everything a sample feeds the model (question, image pixels, size, mode): the
+    store keeps it per sample, and a resume refuses a sample whose input changed under its id."""
+    import hashlib
+
+    h = hashlib.sha256(sample.question.encode("utf-8"))
+    if sample.image is not None:
+        h.update(f"|{sample.image.mode}|{sample.image.size}|".encode())
+        h.update(sample.image.tobytes())
+    return h.hexdigest()[:32]
+
+
 # --------------------------------------------------------------------------- built-in set
 
 CATEGORIES = ("counting", "color", "shape", "spatial")
@@ -176,7 +188,9 @@ def _builtin_sample(index: int, seed: int) -> Sample:
     category = CATEGORIES[index % len(CATEGORIES)]  # round robin: small n spans categories
     canvas = _Canvas(rng)
     question, answer = _MAKERS[category](canvas)
-    return Sample(f"builtin/{category}/{index:03d}", canvas.image, question, category, answer)
+    # the seed changes the drawing, so it is part of the id (seed 0 keeps the short form)
+    prefix = "builtin" if seed == 0 else f"builtin-seed{seed}"
+    return Sample(f"{prefix}/{category}/{index:03d}", canvas.image, question, category, answer)
 
 
 def builtin_samples(n: int, seed: int = 0) -> list[Sample]:

@@ -45,6 +45,7 @@ class RunSummary:
     total: int = 0
     repairs: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)  # model | sample | condition | variable layer: counts
+    tag: str | None = None  # the snapshot tag of this run's last commit (`open_store(..., snapshot=tag)`)
 
 
 def tune_allocator() -> bool:
@@ -72,17 +73,52 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def provenance(spec: Any) -> dict[str, Any]:
+def provenance(spec: Any, command: list[str] | None = None) -> dict[str, Any]:
+    """What a run was: the spec as written and as it ran (after CLI overrides), the command line,
+    versions, time."""
     return {
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "spec_name": spec.name,
         "spec_hash": spec.spec_hash,
         "spec": spec.source_text,
+        "effective_spec": spec.model_dump(mode="json", by_alias=True),
+        "overrides": dict(getattr(spec, "_overrides", {}) or {}),
+        "command": list(sys.argv if command is None else command),
         "models": list(spec.models),
         "versions": package_versions(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
     }
+
+
+def data_identity(data: Any) -> dict[str, Any]:
+    """What decides which inputs a condition's samples are: everything in `data` but how many."""
+    return {k: v for k, v in data.model_dump(mode="json").items() if k != "n"}
+
+
+def condition_identity(spec: Any, plan: ModelPlan, condition: Any) -> dict[str, Any]:
+    """A stored condition's meaning: resolved interventions, image mode, kv_swap, sweep values,
+    data source and seed, capture layout. A resume with another identity is refused."""
+    return {**condition.store_attrs(), "data": data_identity(spec.data), "capture": repr(plan.capture)}
+
+
+def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
+    """Refuse, before any model loads, a resume that would mix meanings under one name: a
+    condition whose identity changed, or a stored sample whose input changed under its id."""
+    from .data import input_hash
+    from .store import StoreIdentityError
+
+    hashes = {s.id: input_hash(s) for s in samples}
+    for plan in plans:
+        for condition in plan.conditions:
+            store.check_condition(plan.info.model_id, condition.name, condition_identity(spec, plan, condition))
+            stored = store.committed_inputs(plan.info.model_id, condition.name)
+            changed = [sid for sid, h in stored.items() if h and sid in hashes and hashes[sid] != h]
+            if changed:
+                raise StoreIdentityError(
+                    f"{len(changed)} sample(s) of {plan.info.model_id} / {condition.name} changed since they were "
+                    f"stored under the same id (e.g. {changed[0]}: its image or question differs)",
+                    hint="write to a new store (--store), or restore the original inputs")
 
 
 def compile_all(spec: Any) -> list[ModelPlan]:
@@ -126,6 +162,7 @@ def run_spec(
     progress: bool = True,
     log: Callable[[str], None] = print,
     remote: Any = None,
+    command: list[str] | None = None,
 ) -> RunSummary:
     """Run every (model, sample, condition) of `spec` not yet in its store.
 
@@ -133,7 +170,7 @@ def run_spec(
     "local" (nnsight's in-process simulation), a server URL or a
     `workbench.backends.remote.RemoteConfig` run remotely: one job per sample, covering that
     sample's conditions not yet stored (see workbench.backends.remote)."""
-    from .data import load_samples
+    from .data import input_hash, load_samples
 
     backend = spec.backend
     remote_config = None
@@ -148,9 +185,10 @@ def run_spec(
     preflight_positions(spec, plans, samples)
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
-        summary.repairs = store.repairs
-        for repair in store.repairs:
-            log(f"repaired a torn write left by an interrupted run: {repair}")
+        summary.repairs = store.repairs + store.repair({s.id for s in samples})
+        for repair in summary.repairs:
+            log(f"repaired: {repair}")
+        check_resume(store, spec, plans, samples)
         done = {
             (p.info.model_id, c.name): set(store.committed_samples(p.info.model_id, c.name))
             for p in plans for c in p.conditions
@@ -159,6 +197,7 @@ def run_spec(
             (p, s, c) for p in plans for s in samples for c in p.conditions
             if s.id not in done[(p.info.model_id, c.name)]
         ]
+        hashes = {s.id: input_hash(s) for s in samples}
         summary.total = sum(len(samples) * len(p.conditions) for p in plans)
         summary.skipped = summary.total - len(todo)
         if summary.skipped:
@@ -166,7 +205,7 @@ def run_spec(
                 f"are already in {spec.store.path}; skipping them")
         if not todo:
             return summary
-        record = provenance(spec)
+        record = provenance(spec, command)
         if remote_config is not None:
             record["backend"] = remote_config.describe()  # where it ran; never the API key
         store.add_provenance(record)
@@ -193,10 +232,13 @@ def run_spec(
                 for line in problems:
                     summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
                     bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
-                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
+                attrs = {**condition.store_attrs(), "identity": condition_identity(spec, plan, condition)}
+                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=attrs,
+                                   input_hash=hashes[sample.id])
                 summary.written += 1
                 bar.update(1)
         bar.close()
+        summary.tag = store.finish_run()
     return summary
 
 

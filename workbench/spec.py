@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import BadInputError
+from .names import reserved_name_problem
 
 __all__ = [
     "KNOWN_SITES",
@@ -408,6 +409,9 @@ def _one_of(choices: Sequence[str]) -> PlainValidator:
 def _name_of(kind: str) -> PlainValidator:
     def check(value: Any) -> str:
         if isinstance(value, str) and _NAME_RE.fullmatch(value):
+            problem = reserved_name_problem(value)
+            if problem:
+                _fail(problem)
             return value
         _fail(f"{_got(value)}; expected a {kind} made of letters, digits, '_', '.' or '-'")
 
@@ -416,6 +420,9 @@ def _name_of(kind: str) -> PlainValidator:
 
 def _var_name(value: Any) -> str:
     if isinstance(value, str) and _VAR_NAME_RE.fullmatch(value):
+        problem = reserved_name_problem(value)
+        if problem:
+            _fail(problem)
         return value
     _fail(f"{_got(value)}; expected a sweep variable name (a letter or '_', then letters, digits, '_')")
 

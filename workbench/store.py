@@ -1,62 +1,79 @@
-"""The activation store: captured tensors on disk as zarr, read back as labeled xarray objects.
+"""The activation store: captured tensors in a transactional zarr repository, read back as labeled
+xarray objects.
 
-Layout (zarr v3, one directory tree):
+A store is an **icechunk** repository (Earthmover's transactional storage engine for zarr v3) on
+the local filesystem. Its zarr hierarchy:
 
-    <store>/                          root attrs: format version, provenance of every run
-      <model key>/                    one group per model (models differ in depth and width)
-        <condition>/                  one group per condition: one writer, cheap to delete
+    /                                 root attrs: format version, provenance of every run
+      <model key>/                    one group per model (models differ in depth and width);
+                                      attrs: the model's identity (architecture, revision, dtype, ...)
+        <condition>/                  one group per condition; attrs["identity"]: what it means
           hidden    (token, layer, dim)  float32   the residual stream
           sample, position, modality, token_id (token)      per-token labels
           layer     (layer)                                 layer index of each stored slice
-          run_sample (run), run_tokens (run)                the commit record, one row per sample
+          run_sample, run_tokens, run_input (run)           one row per sample
 
 Every sample is appended as one "long" block of tokens (no padding across samples).
 
-Crash safety. A zarr append touches several arrays and is not atomic across them, but each chunk
-file is written atomically (temp file + rename). So a sample is committed by a protocol:
-token arrays are extended first, then `run_sample`, and LAST `run_tokens` (fill value -1). A row
-of `run_tokens` >= 0 is the commit; the committed token count is the sum of those rows. On open for
-writing, every array is truncated to what was committed (repair); readers never see uncommitted
-rows. One writer per store, enforced by a lock file.
+Guarantees.
+- Atomic commits: each (model, sample, condition) result is one icechunk commit: its groups,
+  arrays, attrs, coordinates, rows and labels appear together or not at all. A process killed at
+  any instant leaves the store at its last commit; the chunks it wrote after that are unreferenced.
+- Consistent readers: `open_store`, `store_info` and `verify` read one committed snapshot, so
+  they never see partial rows while a run writes. Every run's last snapshot is tagged
+  `run-<n>`; `open_store(path, snapshot="run-1")` reads a past state.
+- Checksums: every chunk ends with a CRC-32C (zarr v3's `crc32c` codec); `verify` reads everything
+  and reports each damaged chunk by model, condition, variable and row range. A rerun drops the
+  damaged conditions (in one commit) and re-captures them.
+- No silent mixing: a condition's identity (resolved interventions, data source and seed, capture
+  layout) and a model's (revision, dtype, device kind) are stored; a resume whose identity differs
+  is refused, as is a sample whose input changed under the same id.
+- One writer at a time (a lock file beside the store, on its real path); any number of readers.
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
-byte shuffle. zarr has no bfloat16; fp16 overflows on massive activations. fp32 holds bf16 values
-exactly, and lz4+shuffle stores bf16-valued fp32 at ~0.45 of its size (~0.9 of the 16-bit size);
-level 1 writes ~30% faster than level 5 for 4% more bytes (600x29x2048 bf16-valued blocks here).
-Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so per-layer reductions stream.
+byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
+holds bf16 values exactly. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
+per-layer reductions stream.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import datetime as _dt
+import errno
 import json
 import os
 import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import xarray as xr
 import zarr
 
-from .errors import StoreError, StorePathError  # noqa: F401  (re-exported)
+from .errors import StoreError, StorePathError
+from .names import RESERVED_NAMES, RUN_LABELS, TOKEN_LABELS, reserved_name_problem
 
-STORE_FORMAT = 1
-COMMIT_ARRAYS = ("run_sample", "run_tokens")
-TOKEN_LABELS = ("sample", "position", "modality", "token_id")
+STORE_FORMAT = 2
+BRANCH = "main"
+RUN_TAG = "run-{}"
+# a reader holding a snapshot younger than this keeps working through a writer's compaction
+COMPACT_GRACE = _dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 600)))
+COMMIT_ARRAYS = RUN_LABELS  # kept for callers: the per-run bookkeeping arrays
 MODALITIES = ("vision", "boundary", "text")
 _CHUNK_BYTES = 2 * 1024 * 1024
-
-# Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes.
-zarr.config.set({"array.write_empty_chunks": True})
+ANALYSIS_KIND = "analysis"  # attrs["workbench_kind"] of the analysis cache (analyses.cache), not a model
+# Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
+# per write (a context), not process-wide.
+_ZARR_WRITE_CONFIG = {"array.write_empty_chunks": True}
 
 
 def fault_point(name: str) -> None:
     """Fault drills: `WORKBENCH_KILL_AT=<name>:<n>` kills this process with SIGKILL the n-th time
-    it reaches point `name`, so tests can interrupt a run at an exact place (mid-write, between
-    samples, mid-trace). Unset, it costs one dictionary lookup."""
+    it reaches point `name`, so tests can interrupt a run at an exact place (after any store
+    write, after a commit, mid-trace). Unset, it costs one dictionary lookup."""
     target = os.environ.get("WORKBENCH_KILL_AT")
     if not target:
         return
@@ -71,18 +88,14 @@ def fault_point(name: str) -> None:
 _FAULT_HITS: dict[str, int] = {}
 
 
-ANALYSIS_KIND = "analysis"  # attrs["workbench_kind"] of a top-level group of cached analyses (not a model)
-
-
-def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
-    """The model groups of a store: every top-level group but the analysis caches."""
-    return sorted((name, g) for name, g in root.groups() if g.attrs.get("workbench_kind") != ANALYSIS_KIND)
-
-
-
-
 class StoreBusyError(StoreError):
     """Another process holds the store's writer lock."""
+
+
+class StoreIdentityError(StoreError):
+    """A resume whose condition or model means something else than what the store holds."""
+
+    exit_code = 2
 
 
 @dataclass
@@ -102,7 +115,136 @@ def lock_path(store: Path) -> Path:
 def model_key(model_id: str) -> str:
     """Group name of a model: HF ids contain '/', which zarr and DataTree reserve."""
     key = model_id.strip("/").replace("/", "--")
-    return re.sub(r"[^\w.=,+-]", "_", key)
+    key = re.sub(r"[^\w.=,+-]", "_", key)
+    return f"_{key}" if key in RESERVED_NAMES or key.startswith("_") else key
+
+
+# -- icechunk plumbing ---------------------------------------------------------------------------
+
+
+def _icechunk() -> Any:
+    import icechunk
+
+    if not getattr(_icechunk, "quiet", False):
+        # its local storage warns on every open that it is not for concurrent writers: one writer
+        # per store is what the lock enforces
+        icechunk.set_logs_filter(os.environ.get("ICECHUNK_LOG", "error"))
+        _icechunk.quiet = True  # type: ignore[attr-defined]
+    return icechunk
+
+
+def _storage(path: Path) -> Any:
+    return _icechunk().local_filesystem_storage(str(path))
+
+
+def is_store(path: str | Path) -> bool:
+    """Whether `path` holds an icechunk repository (a workbench store or a foreign one)."""
+    path = Path(path)
+    return path.is_dir() and (path / "refs").is_dir() and (path / "snapshots").is_dir()
+
+
+def _repo_config() -> Any:
+    ic = _icechunk()
+    # every chunk in its own file (none inlined into manifests), so each carries its CRC-32C and
+    # damage stays local to a chunk
+    return ic.RepositoryConfig(inline_chunk_threshold_bytes=0)
+
+
+def _open_repo(path: Path) -> Any:
+    ic = _icechunk()
+    try:
+        return ic.Repository.open(_storage(path), config=_repo_config())
+    except Exception as err:  # icechunk raises its own error types for a damaged repository
+        raise StoreError(f"cannot open store {path}: {_short(err)}",
+                         hint=f"run `workbench verify {path}` to see what is damaged") from None
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+_IO_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the file system is read-only",
+    errno.EFBIG: "a file exceeds the size limit",
+    errno.EACCES: "permission denied",
+}
+_IO_PATTERNS = {
+    "no space left on device": "the disk is full",
+    "read-only file system": "the file system is read-only",
+    "file too large": "a file exceeds the size limit",
+    "quota exceeded": "the disk quota is exhausted",
+    "permission denied": "permission denied",
+}
+
+
+def io_failure(err: BaseException) -> str | None:
+    """What an OS-level write failure means, in words, or None if `err` is not one."""
+    if isinstance(err, OSError) and err.errno in _IO_ERRNOS:
+        return _IO_ERRNOS[err.errno]
+    text = str(err).lower()
+    return next((what for pattern, what in _IO_PATTERNS.items() if pattern in text), None)
+
+
+class StoreIOError(StoreError):
+    """The disk refused a write (full, read-only, file size limit). The store keeps its last commit."""
+
+
+# -- paths --------------------------------------------------------------------------------------
+
+
+def check_store_path(path: str | Path) -> Path:
+    """The real path a store may be written at, or a StorePathError saying why not: a file, a
+    directory that is not a workbench store, a path inside another store."""
+    path = Path(path)
+    real = Path(os.path.realpath(path))
+    if real.exists() and not real.is_dir():
+        raise StorePathError(f"store path {path} is a file, not a store",
+                             hint="pass a directory path for the store, e.g. --store stores/NAME.zarr")
+    for parent in real.parents:
+        if is_store(parent) or (parent / "zarr.json").is_file():
+            raise StorePathError(f"store path {path} lies inside the store {parent}",
+                                 hint="pass a path outside any store, e.g. beside it")
+    if real.is_dir() and any(real.iterdir()) and not is_store(real):
+        if (real / "zarr.json").is_file():
+            raise StorePathError(
+                f"{path} is a store in the old format (plain zarr, before transactional commits)",
+                hint="write to a new store path; the old store stays readable with workbench 0.1")
+        raise StorePathError(f"{path} is a non-empty directory that is not a workbench store; refusing to write into it",
+                             hint="pass a new or empty directory path for the store")
+    return real
+
+
+class _WriterLock:
+    """An exclusive lock on `<real path>.lock`: one writing process per store. POSIX only; the
+    import is local so that reading a store works everywhere."""
+
+    def __init__(self, real: Path, shown: Path):
+        import fcntl
+
+        self._fcntl = fcntl
+        real.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(lock_path(real), "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise StoreBusyError(
+                f"store {shown} is being written by another workbench process ({holder})",
+                hint="wait for it to finish or pass another --store") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}")
+        self._file.flush()
+
+    def release(self) -> None:
+        if not self._file.closed:
+            self._fcntl.flock(self._file, self._fcntl.LOCK_UN)
+            self._file.close()
 
 
 def _chunk_rows(row_shape: tuple[int, ...], itemsize: int, floor: int) -> int:
@@ -111,10 +253,17 @@ def _chunk_rows(row_shape: tuple[int, ...], itemsize: int, floor: int) -> int:
     return int(min(max(rows, floor), 65536))
 
 
+_LABEL_CHUNK = {"token": 4096, "run": 256}
+
+
 def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
     # first dim: ~2 MiB worth of rows; middle dims one at a time (a layer per chunk); last whole.
     # Per-run rows can be large (a vocabulary of log-probs): no floor on their count, or every
-    # append would rewrite a huge partial chunk.
+    # append would rewrite a huge partial chunk. 1-D labels: a few thousand rows, since every
+    # append rewrites the partial last chunk (and a transactional store keeps the old one until
+    # compaction).
+    if len(shape) == 1:
+        return (_LABEL_CHUNK.get(leading, 4096),)
     middle = (1,) * max(0, len(shape) - 2)
     last = (shape[-1],) if len(shape) >= 2 else ()
     floor = 64 if leading == "token" else 1
@@ -122,39 +271,72 @@ def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, .
 
 
 def _storage_dtype(data: np.ndarray) -> Any:
-    if data.dtype.kind in "US":
+    if data.dtype.kind in "USO":
         return str
     if data.dtype.kind == "f":
         return np.float32
     return data.dtype
 
 
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
+
+
+def identity_diff(stored: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """'field: stored X, now Y' for every field that differs (nested dicts are walked)."""
+    lines = []
+    for key in sorted(set(stored) | set(now)):
+        a, b = stored.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += identity_diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            lines.append(f"{prefix}{key}: stored {json.dumps(a)}, now {json.dumps(b)}")
+    return lines
+
+
+MODEL_IDENTITY = ("model_id", "architecture", "revision", "dtype", "device_kind", "n_layers", "hidden_size", "vocab_size")
+
+
 class StoreWriter:
-    """The single writer of a store. Use as a context manager; it holds an exclusive lock."""
+    """The single writer of a store. Use as a context manager; it holds an exclusive lock.
+
+    Changes are staged in an icechunk session and committed once per sample (`write_sample`):
+    the model and condition groups, the provenance record and the rows appear with the first
+    sample that needs them."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        # the lock lives beside the store: zarr warns about foreign files inside a hierarchy
-        self._lock_file = open(lock_path(self.path), "a+")
+        real = check_store_path(self.path)
+        self._real = real
+        self._lock = _WriterLock(real, self.path)
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "unknown"
-            self._lock_file.close()
-            raise StoreBusyError(
-                f"store {self.path} is being written by another workbench process ({holder}); "
-                "wait for it to finish or pass another --store"
-            ) from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(f"pid {os.getpid()}")
-        self._lock_file.flush()
-        self.root = zarr.open_group(self.path, mode="a", zarr_format=3)
-        if "workbench_format" not in self.root.attrs:
-            self.root.attrs.update({"workbench_format": STORE_FORMAT, "provenance": []})
-        self.repairs: list[str] = self._repair_all()
+            # a new store is created with its first commit: a run that fails before any result
+            # leaves nothing behind but the lock file
+            self.repo = self._open_existing(real) if is_store(real) else None
+        except BaseException:
+            self._lock.release()
+            raise
+        self._session: Any = None
+        self._root: zarr.Group | None = None
+        self._pending_provenance: dict[str, Any] | None = None
+        self._models: dict[str, dict[str, Any]] = {}
+        self.commits = 0
+        self.repairs: list[str] = self._restore_intact_snapshot()
+
+    def _open_existing(self, real: Path) -> Any:
+        repo = _open_repo(real)
+        try:
+            root = _root_of(repo.readonly_session(branch=BRANCH))
+        except Exception:
+            return repo  # an unreadable snapshot: _restore_intact_snapshot deals with it
+        fmt = root.attrs.get("workbench_format")
+        if fmt is None and any(True for _ in root.groups()):
+            raise StorePathError(f"{self.path} is an icechunk repository but not a workbench store",
+                                 hint="pass a new store path")
+        if fmt is not None and fmt != STORE_FORMAT:
+            raise StorePathError(f"{self.path} has store format {fmt}; this workbench writes format {STORE_FORMAT}",
+                                 hint="write to a new store path")
+        return repo
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> StoreWriter:
@@ -164,43 +346,104 @@ class StoreWriter:
         self.close()
 
     def close(self) -> None:
-        if not self._lock_file.closed:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
+        """Release the lock. Uncommitted changes (a sample in flight) are dropped."""
+        self._session = self._root = None
+        self._lock.release()
+
+    # -- transactions -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _io(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as err:
+            meaning = io_failure(err)
+            if meaning is None:
+                raise
+            self._session = self._root = None
+            raise StoreIOError(
+                f"{what} in {self.path} failed: {meaning}; the store keeps its last commit "
+                f"({self.commits} sample(s) committed by this run)",
+                hint="free space or fix the file system, then rerun the same command to finish") from None
+
+    def committed_root(self) -> zarr.Group:
+        if self.repo is None:
+            return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
+        return _root_of(self.repo.readonly_session(branch=BRANCH))
+
+    def _stage(self) -> zarr.Group:
+        if self.repo is None:
+            with self._io("creating the store"):
+                self._real.mkdir(parents=True, exist_ok=True)
+                self.repo = _icechunk().Repository.create(_storage(self._real), config=_repo_config())
+        if self._root is None:
+            self._session = self.repo.writable_session(BRANCH)
+            store = self._session.store
+            if os.environ.get("WORKBENCH_KILL_AT", "").startswith("store.write:"):
+                store = _FaultStore(store)
+            self._root = zarr.open_group(store, mode="a", zarr_format=3)
+        return self._root
+
+    def _commit(self, message: str) -> str:
+        with self._io("committing"):
+            snapshot = self._session.commit(message)
+        self._session = self._root = None
+        self.commits += 1
+        fault_point("store.commit")
+        return snapshot
 
     # -- provenance and groups ----------------------------------------------------------------
     def add_provenance(self, record: dict[str, Any]) -> None:
-        """Append one run's provenance (spec text and hash, versions, time) to the root."""
-        history = list(self.root.attrs.get("provenance", []))
-        history.append(json.loads(json.dumps(record, default=str)))
-        self.root.attrs["provenance"] = history
+        """One run's provenance (effective spec, command line, versions, time): committed with
+        the run's first sample, so a run that stores nothing leaves no record."""
+        self._pending_provenance = _jsonable(record)
 
-    def ensure_model(self, model_id: str, attrs: dict[str, Any]) -> zarr.Group:
+    def ensure_model(self, model_id: str, attrs: dict[str, Any]) -> None:
+        """Declare a model before its samples; refused if the store holds it with another identity
+        (revision, dtype, device kind, shape)."""
+        attrs = _jsonable({**attrs, "model_id": model_id})
+        device = str(attrs.get("device") or "")
+        attrs.setdefault("device_kind", device.split(":")[0] or None)
+        root = self.committed_root()
         key = model_key(model_id)
-        if key in self.root:
-            group = self.root[key]
-            if group.attrs.get("model_id") != model_id:
-                raise StoreError(
-                    f"store group {key!r} holds model {group.attrs.get('model_id')!r}, not {model_id!r}"
-                )
-            return group
-        group = self.root.create_group(key)
-        group.attrs.update({**attrs, "model_id": model_id})
-        return group
+        if key in root:
+            stored = dict(root[key].attrs)
+            diff = identity_diff({k: stored.get(k) for k in MODEL_IDENTITY if k in stored},
+                                 {k: attrs.get(k) for k in MODEL_IDENTITY if k in stored})
+            if diff:
+                raise StoreIdentityError(
+                    f"store {self.path} holds {model_id} with another identity:\n    " + "\n    ".join(diff),
+                    hint="write to a new store (--store), or run with the stored settings")
+        self._models[model_id] = attrs
 
-    def _condition_group(self, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
-        model = self.root[model_key(model_id)]
-        if condition in model:
-            return model[condition]
-        group = model.create_group(condition)
-        group.attrs.update({**attrs, "condition": condition})
-        return group
+    def check_condition(self, model_id: str, condition: str, identity: dict[str, Any]) -> None:
+        """Refuse a resume into `condition` if the store holds it with another meaning."""
+        root = self.committed_root()
+        key = model_key(model_id)
+        if key not in root or condition not in root[key]:
+            return
+        stored = dict(root[key][condition].attrs).get("identity")
+        diff = identity_diff(stored or {}, _jsonable(identity))
+        if diff:
+            raise StoreIdentityError(
+                f"condition {condition!r} of {model_id} in {self.path} was stored with another meaning:\n    "
+                + "\n    ".join(diff),
+                hint="give the changed condition a new name, or write to a new store (--store)")
 
     def committed_samples(self, model_id: str, condition: str) -> list[str]:
+        return list(self.committed_inputs(model_id, condition))
+
+    def committed_inputs(self, model_id: str, condition: str) -> dict[str, str]:
+        """sample id -> input hash of every committed sample of (model, condition), in order."""
+        root = self.committed_root()
         key = model_key(model_id)
-        if key not in self.root or condition not in self.root[key]:
-            return []
-        return _committed(self.root[key][condition])[0]
+        if key not in root or condition not in root[key]:
+            return {}
+        group = root[key][condition]
+        samples = [str(s) for s in group["run_sample"][:]] if "run_sample" in group else []
+        hashes = [str(s) for s in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
+        return dict(zip(samples, hashes))
 
     # -- writing ------------------------------------------------------------------------------
     def write_sample(
@@ -210,27 +453,48 @@ class StoreWriter:
         sample_id: str,
         variables: dict[str, Variable],
         condition_attrs: dict[str, Any] | None = None,
-    ) -> None:
-        """Append one sample's captures to (model, condition) and commit it.
+        input_hash: str = "",
+    ) -> str:
+        """Append one sample's captures to (model, condition) and commit them as one snapshot.
 
         `variables` must include the token labels position/modality/token_id (dims ("token",)).
-        Token arrays first, then per-run arrays, then the commit record."""
-        group = self._condition_group(model_id, condition, condition_attrs or {})
-        samples, counts = _committed(group)
-        if sample_id in samples:
-            raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
-        n_tokens = _token_count(variables)
-        token_offset, run_offset = int(sum(counts)), len(samples)
-        token_vars = dict(variables)
-        token_vars["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object).astype(str))
-        for name, var in token_vars.items():
-            offset = token_offset if var.dims[0] == "token" else run_offset
-            self._append(group, name, var, offset)
-        fault_point("store.before_commit")
-        self._append(group, "run_sample", Variable(("run",), np.array([sample_id])), run_offset)
-        # the commit: a run_tokens row >= 0 makes the sample visible
-        self._append(group, "run_tokens", Variable(("run",), np.array([n_tokens], dtype=np.int64)), run_offset)
-        fault_point("store.after_commit")
+        Returns the snapshot id."""
+        problem = reserved_name_problem(condition)
+        if problem:
+            raise StoreError(f"condition name {problem}")
+        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {model_id} | {condition} | {sample_id}"):
+            root = self._stage()
+            group = self._condition_group(root, model_id, condition, condition_attrs or {})
+            if "run_sample" in group and sample_id in {str(s) for s in group["run_sample"][:]}:
+                raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
+            n_tokens = _token_count(variables)
+            token_offset = group["sample"].shape[0] if "sample" in group else 0
+            run_offset = group["run_sample"].shape[0] if "run_sample" in group else 0
+            rows = dict(variables)
+            rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
+            rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
+            rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
+            rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
+            for name, var in rows.items():
+                self._append(group, name, var, token_offset if var.dims[0] == "token" else run_offset)
+            if self._pending_provenance is not None:
+                root.attrs["provenance"] = [*root.attrs.get("provenance", []), self._pending_provenance]
+            snapshot = self._commit(f"{model_id} | {condition} | {sample_id}")
+        self._pending_provenance = None
+        return snapshot
+
+    def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
+        if "workbench_format" not in root.attrs:
+            root.attrs.update({"workbench_format": STORE_FORMAT, "provenance": []})
+        key = model_key(model_id)
+        if key not in root:
+            model = root.create_group(key)
+            model.attrs.update(self._models.get(model_id) or {"model_id": model_id})
+        model = root[key]
+        if condition not in model:
+            group = model.create_group(condition)
+            group.attrs.update(_jsonable({**attrs, "condition": condition}))
+        return model[condition]
 
     def _append(self, group: zarr.Group, name: str, var: Variable, offset: int) -> None:
         data = np.asarray(var.data)
@@ -246,43 +510,113 @@ class StoreWriter:
             if dim in group and not np.array_equal(group[dim][:], np.asarray(values)):
                 raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {group.path}")
         array.resize((offset + data.shape[0],) + tuple(array.shape[1:]))
-        # asarray: no copy when the capture already has the stored dtype (float32)
-        array[offset : offset + data.shape[0]] = data if data.dtype.kind == "U" else np.asarray(data, dtype=array.dtype)
+        if data.dtype.kind in "USO":
+            data = data.astype(object)
+        else:  # asarray: no copy when the capture already has the stored dtype (float32)
+            data = np.asarray(data, dtype=array.dtype)
+        array[offset : offset + data.shape[0]] = data
 
     def _create(self, group: zarr.Group, name: str, var: Variable) -> None:
         data = np.asarray(var.data)
         dtype = _storage_dtype(data)
         itemsize = 4 if dtype is str else np.dtype(dtype).itemsize
-        kwargs: dict[str, Any] = {}
-        if np.dtype(dtype if dtype is not str else object).kind == "f":
-            kwargs["compressors"] = zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")
-        fill = -1 if name == "run_tokens" else None
+        compressors: list[Any] = []
+        if dtype is not str and np.dtype(dtype).kind == "f":
+            compressors.append(zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"))
+        compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
         group.create_array(
             name,
             shape=(0,) + data.shape[1:],
             chunks=_chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
             dtype=dtype,
             dimension_names=list(var.dims),
-            fill_value=fill,
-            **kwargs,
+            compressors=compressors,
         )
         for dim, values in var.coords.items():
             if dim not in group:
                 values = np.asarray(values)
-                coord = group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim])
+                coord = group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim],
+                                           compressors=[zarr.codecs.Crc32cCodec()])
                 coord[:] = values
 
-    # -- repair -------------------------------------------------------------------------------
-    def _repair_all(self) -> list[str]:
-        repairs = []
-        for model_name, model in _model_groups(self.root):
-            for condition, group in model.groups():
-                message = _truncate_to_committed(group)
-                if message:
-                    repairs.append(f"{model_name}/{condition}: {message}")
-        for partial in self.path.rglob("*.partial"):  # temp files of a killed chunk write
-            partial.unlink(missing_ok=True)
-        return repairs
+    # -- the end of a run, and repair -----------------------------------------------------------
+    def finish_run(self) -> str | None:
+        """Tag the current snapshot `run-<n>` (n counts the store's runs), a past state users can
+        read back with `open_store(path, snapshot="run-<n>")`; then compact: per-sample snapshots
+        older than COMPACT_GRACE are expired and the chunks only they referenced deleted (every
+        append rewrites the partial last chunk of each array, so old versions pile up).
+        Returns the tag, or None when this run committed nothing."""
+        if not self.commits or self.repo is None:
+            return None
+        n = len(self.committed_root().attrs.get("provenance", []))
+        tag = RUN_TAG.format(n)
+        with self._io("tagging the run"):
+            if tag in self.repo.list_tags():
+                self.repo.delete_tag(tag)
+            self.repo.create_tag(tag, self.repo.lookup_branch(BRANCH))
+            cutoff = _dt.datetime.now(_dt.timezone.utc) - COMPACT_GRACE
+            self.repo.expire_snapshots(older_than=cutoff)
+            self.repo.garbage_collect(cutoff)
+        return tag
+
+    def _restore_intact_snapshot(self) -> list[str]:
+        """If the branch's snapshot cannot be read (a damaged or deleted metadata file), move the
+        branch back to the newest intact snapshot; the run then re-captures what it lacks."""
+        problem = None if self.repo is None else _snapshot_problem(self.repo)
+        if problem is None:
+            return []
+        intact = _newest_intact_snapshot(self._real)
+        if intact is None:
+            raise StoreError(f"store {self.path} has no intact snapshot left ({problem})",
+                             hint="write to a new store path")
+        with self._io("restoring the last intact snapshot"):
+            self.repo.reset_branch(BRANCH, intact.id)
+        return [f"the branch's snapshot was unreadable ({problem}); restored snapshot {intact.id} "
+                f"of {intact.written_at:%Y-%m-%d %H:%M:%S} ({intact.message!r})"]
+
+    def damage(self) -> list[Damage]:
+        """`verify_store` of the committed state (reads every chunk)."""
+        return [] if self.repo is None else _verify_repo(self.repo, self._real)
+
+    def repair(self, sample_ids: set[str]) -> list[str]:
+        """Read every chunk; drop each damaged condition so that this run re-captures it. What was
+        restored at open (an unreadable snapshot) is in `repairs`."""
+        return self.drop_damaged(self.damage(), sample_ids)
+
+    def drop_damaged(self, damage: list[Damage], sample_ids: set[str]) -> list[str]:
+        """Drop every condition with a damaged chunk, in one commit, so the run re-captures it.
+        Refused when the run would not re-capture all its samples (e.g. a smaller --limit)."""
+        conditions = sorted({(d.model_key, d.condition) for d in damage if d.condition})
+        if not conditions:
+            return []
+        root = self.committed_root()
+        for key, condition in conditions:
+            stored = {str(s) for s in root[key][condition]["run_sample"][:]} if "run_sample" in root[key][condition] else set()
+            missing = sorted(stored - sample_ids)
+            if missing:
+                raise StoreError(
+                    f"{key}/{condition} holds damaged chunks, and this run would not re-capture "
+                    f"{len(missing)} of its samples (e.g. {missing[0]})",
+                    hint="rerun with the spec's full data (no --limit) to repair it")
+        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io("dropping damaged conditions"):
+            staged = self._stage()
+            for key, condition in conditions:
+                del staged[f"{key}/{condition}"]
+            self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions))
+        self.commits -= 1  # not a sample
+        return [f"{k}/{c}: damaged chunks; dropped, re-captured by this run" for k, c in conditions]
+
+
+class _FaultStore(zarr.storage.WrapperStore):
+    """For kill drills only: a fault point after every write the store makes."""
+
+    async def set(self, key: str, value: Any) -> None:
+        await self._store.set(key, value)
+        fault_point("store.write")
+
+    async def delete(self, key: str) -> None:
+        await self._store.delete(key)
+        fault_point("store.write")
 
 
 def _token_count(variables: dict[str, Variable]) -> int:
@@ -292,56 +626,166 @@ def _token_count(variables: dict[str, Variable]) -> int:
     return lengths.pop()
 
 
-def _committed(group: zarr.Group) -> tuple[list[str], list[int]]:
-    """(sample ids, token counts) of the committed rows, in order."""
-    if "run_tokens" not in group or "run_sample" not in group:
-        return [], []
-    counts = np.asarray(group["run_tokens"][:])
-    n = int(np.argmax(counts < 0)) if (counts < 0).any() else len(counts)
-    n = min(n, group["run_sample"].shape[0])
-    return [str(s) for s in group["run_sample"][:n]], [int(c) for c in counts[:n]]
+# -- verification --------------------------------------------------------------------------------
 
 
-def _committed_extent(group: zarr.Group) -> dict[str, int]:
-    samples, counts = _committed(group)
-    return {"token": int(sum(counts)), "run": len(samples)}
+@dataclass
+class Damage:
+    """One unreadable piece of a store: a chunk (model, condition, variable, rows) or a snapshot."""
+
+    model_key: str
+    condition: str
+    variable: str
+    rows: tuple[int, int] | None
+    samples: list[str]
+    error: str
+
+    def describe(self) -> str:
+        if not self.condition:
+            return f"{self.variable}: {self.error}"
+        where = f"{self.model_key} | {self.condition} | {self.variable}"
+        if self.rows is not None:
+            dim = "rows"
+            where += f" | {dim} {self.rows[0]}:{self.rows[1]}"
+        if self.samples:
+            shown = ", ".join(self.samples[:3]) + (f" (+{len(self.samples) - 3})" if len(self.samples) > 3 else "")
+            where += f" | samples {shown}"
+        return f"{where}: {self.error}"
 
 
-def _truncate_to_committed(group: zarr.Group) -> str | None:
-    """Cut every array back to the committed rows; return what was cut, or None."""
-    extent = _committed_extent(group)
-    cut = []
-    for name, array in group.arrays():
-        first = (array.metadata.dimension_names or (None,))[0]
-        if first not in extent or array.shape[0] == extent[first]:
+def _root_of(session: Any) -> zarr.Group:
+    """The root group of a snapshot; an empty one for a repository created but never committed to
+    (a run killed before its first result)."""
+    try:
+        return zarr.open_group(session.store, mode="r", zarr_format=3)
+    except zarr.errors.GroupNotFoundError:
+        return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
+
+
+def _snapshot_problem(repo: Any) -> str | None:
+    try:
+        root = _root_of(repo.readonly_session(branch=BRANCH))
+        for _, model in root.groups():
+            for _, group in model.groups():
+                dict(group.attrs)
+        return None
+    except Exception as err:
+        return _short(err)
+
+
+def _newest_intact_snapshot(path: Path) -> Any:
+    """The newest snapshot whose metadata reads back, found by listing the repository's snapshot
+    files (the branch ref or its snapshot may be what is damaged)."""
+    ic = _icechunk()
+    try:
+        repo = ic.Repository.open(_storage(path), config=_repo_config())
+    except Exception:
+        return None
+    found = []
+    for file in (path / "snapshots").iterdir():
+        try:
+            info = next(iter(repo.ancestry(snapshot_id=file.name)))
+            repo.readonly_session(snapshot_id=file.name)
+            found.append(info)
+        except Exception:
             continue
-        cut.append(f"{name} {array.shape[0]}->{extent[first]}")
-        array.resize((extent[first],) + tuple(array.shape[1:]))
-    return ", ".join(cut) or None
+    return max(found, key=lambda info: info.written_at, default=None)
+
+
+def _row_samples(group: zarr.Group) -> tuple[np.ndarray, list[str]]:
+    """(cumulative token ends, sample ids) of a condition group, for naming damaged rows."""
+    try:
+        samples = [str(s) for s in group["run_sample"][:]]
+        counts = np.asarray(group["run_tokens"][:], dtype=np.int64)
+    except Exception:  # the run table itself is damaged: rows cannot be named
+        return np.zeros(0, dtype=np.int64), []
+    return np.cumsum(counts), samples
+
+
+def verify_store(path: str | Path, progress: bool = False) -> list[Damage]:
+    """Read every chunk of the committed snapshot and check it (CRC-32C, decompression, presence).
+    Returns what is damaged; an empty list means everything read back."""
+    path = Path(path)
+    if not is_store(path):
+        raise StorePathError(f"no workbench store at {path}")
+    try:
+        repo = _open_repo(path)
+    except StoreError as err:
+        return [Damage("", "", "repository", None, [], str(err))]
+    return _verify_repo(repo, path, progress)
+
+
+def _verify_repo(repo: Any, path: Path, progress: bool = False) -> list[Damage]:
+    problem = _snapshot_problem(repo)
+    if problem is not None:
+        intact = _newest_intact_snapshot(path)
+        where = (f"; the newest intact snapshot is {intact.id} of {intact.written_at:%Y-%m-%d %H:%M:%S} "
+                 "(the next run restores it and re-captures the rest)") if intact else "; no intact snapshot is left"
+        return [Damage("", "", "snapshot", None, [], problem + where)]
+    root = _root_of(repo.readonly_session(branch=BRANCH))
+    damage: list[Damage] = []
+    groups = [(k, c, g) for k, m in sorted(root.groups()) for c, g in sorted(m.groups())]
+    from tqdm.auto import tqdm
+
+    for key, condition, group in tqdm(groups, disable=not progress, unit="condition", desc="verify"):
+        ends, samples = _row_samples(group)
+        for name, array in sorted(group.arrays()):
+            damage += _verify_array(key, condition, name, array, ends, samples)
+    return damage
+
+
+def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndarray, samples: list[str]) -> list[Damage]:
+    found = []
+    leading = (array.metadata.dimension_names or (None,))[0]
+    step = array.chunks[0] if array.ndim else 1
+    n = array.shape[0] if array.ndim else 1
+    for start in range(0, max(n, 1), max(step, 1)):
+        stop = min(start + step, n)
+        try:
+            (array[start:stop] if array.ndim else array[...])
+        except Exception as err:
+            if leading == "token":
+                first = int(np.searchsorted(ends, start, side="right"))
+                last = int(np.searchsorted(ends, max(stop - 1, start), side="right"))
+                hit = samples[first : last + 1]
+            elif leading == "run":
+                hit = samples[start:stop]
+            else:
+                hit = list(samples)
+            found.append(Damage(key, condition, name, (start, stop), hit, _short(err)))
+    return found
 
 
 # -- reading -----------------------------------------------------------------------------------
 
 
-def _damage(group: zarr.Group) -> list[str]:
-    extent = _committed_extent(group)
-    torn = []
-    for name, array in group.arrays():
-        first = (array.metadata.dimension_names or (None,))[0]
-        if first in extent and array.shape[0] != extent[first]:
-            torn.append(f"{name}: {array.shape[0]} rows stored, {extent[first]} committed")
-    return torn
-
-
 RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
 
 
-def _open_condition(path: Path, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
-    """(token part, run part) of one condition group, cut to its committed rows and labeled."""
-    group = f"{model}/{condition}"
-    ds = xr.open_zarr(path, group=group, consolidated=False, chunks={}, zarr_format=3)
-    extent = {k: v for k, v in _committed_extent(zarr.open_group(path / group, mode="r")).items() if k in ds.dims}
-    ds = ds.isel({dim: slice(0, n) for dim, n in extent.items()}).rename_vars({"run_tokens": "n_tokens"})
+def _read_session(path: Path, snapshot: str | None = None) -> Any:
+    """A read-only session on the committed state (the branch), a tag (`run-3`) or a snapshot id."""
+    if not is_store(path):
+        if (path / "zarr.json").is_file():
+            raise StorePathError(f"{path} is a store in the old format (plain zarr); this workbench reads format "
+                                 f"{STORE_FORMAT}", hint="rerun its spec into a new store")
+        raise StorePathError(f"no workbench store at {path}")
+    repo = _open_repo(path)
+    try:
+        if snapshot is None:
+            return repo.readonly_session(branch=BRANCH)
+        if snapshot in repo.list_tags():
+            return repo.readonly_session(tag=snapshot)
+        return repo.readonly_session(snapshot_id=snapshot)
+    except Exception as err:
+        tags = ", ".join(sorted(repo.list_tags())) or "none"
+        raise StoreError(f"cannot read snapshot {snapshot or BRANCH!r} of {path}: {_short(err)}",
+                         hint=f"tags: {tags}; `workbench info {path} --history` lists snapshots") from None
+
+
+def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
+    """(token part, run part) of one condition group, labeled."""
+    ds = xr.open_zarr(store, group=f"{model}/{condition}", consolidated=False, chunks={}, zarr_format=3)
+    ds = ds.rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
     sweep = {name: float(value) for name, value in (attrs.get("sweep") or {}).items()}
     tokens = ds[[v for v in ds.data_vars if "token" in ds[v].dims]]
@@ -356,7 +800,7 @@ def _open_condition(path: Path, model: str, condition: str, attrs: dict[str, Any
     runs = runs.assign_coords(
         run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
         **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
-    ).set_coords("run_sample")
+    ).set_coords([c for c in ("run_sample", "run_input") if c in runs.data_vars])
     return tokens, runs
 
 
@@ -369,8 +813,12 @@ def _label_index(ds: xr.Dataset, dim: str, levels: list[str]) -> xr.Dataset:
     return ds.set_index({dim: levels}) if levels else ds
 
 
-def list_models(path: str | Path) -> list[str]:
-    root = zarr.open_group(Path(path), mode="r", zarr_format=3)
+def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
+    return sorted((name, g) for name, g in root.groups() if g.attrs.get("workbench_kind") != ANALYSIS_KIND)
+
+
+def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
+    root = _root_of(_read_session(Path(path), snapshot))
     return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
 
 
@@ -382,13 +830,13 @@ def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Datas
     return xr.concat(parts, dim=dim, data_vars="minimal", coords="minimal", compat="override", join="outer")
 
 
-def _open_model(path: Path, root: zarr.Group, key: str) -> xr.Dataset:
+def _open_model(store: Any, root: zarr.Group, key: str) -> xr.Dataset:
     model_group = root[key]
     token_parts, run_parts, sweep_vars = [], [], []
     for condition, group in sorted(model_group.groups()):
         attrs = dict(group.attrs)
         sweep_vars += [name for name in attrs.get("sweep") or {} if name not in sweep_vars]
-        tokens, runs = _open_condition(path, key, condition, attrs)
+        tokens, runs = _open_condition(store, key, condition, attrs)
         token_parts.append(tokens)
         run_parts.append(runs)
     if not token_parts:
@@ -402,61 +850,73 @@ def _open_model(path: Path, root: zarr.Group, key: str) -> xr.Dataset:
     return ds
 
 
-def open_store(path: str | Path, model: str | None = None) -> xr.DataTree | xr.Dataset:
-    """Open a store for reading.
+def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None) -> xr.DataTree | xr.Dataset:
+    """Open a store for reading, at its last commit (or at `snapshot`: a tag such as `run-1`, or a
+    snapshot id from `store_history`).
 
     Without `model`: an `xarray.DataTree` with one node per model (named by `model_key`, the
     model id in the node's attrs). With `model` (the id exactly as the spec gives it): that model's
     Dataset across all its conditions, with `hidden (token, layer, dim)` and the token labels
     `condition`, sweep values (e.g. `alpha`), `sample`, `position`, `modality`, `token_id`
     indexed together so `ds.sel(condition="baseline", modality="vision", layer=0)` works.
-    Arrays are lazy (dask): nothing is loaded until used. Rows a crashed writer left uncommitted
-    are never returned."""
+    Arrays are lazy (dask) and read from that one snapshot, whatever a writer commits meanwhile."""
     path = Path(path)
-    if not (path / "zarr.json").exists():
-        raise StoreError(f"no workbench store at {path}")
-    root = zarr.open_group(path, mode="r", zarr_format=3)
+    session = _read_session(path, snapshot)
+    root = _root_of(session)
     if model is not None:
         key = model_key(model)
         if key not in root or root[key].attrs.get("workbench_kind") == ANALYSIS_KIND:
-            raise StoreError(f"model {model!r} is not in store {path}; it holds: {', '.join(list_models(path))}")
-        return _open_model(path, root, key)
-    children = {key: xr.DataTree(_open_model(path, root, key)) for key, _ in _model_groups(root)}
+            held = ", ".join(g.attrs.get("model_id", k) for k, g in _model_groups(root)) or "no model yet"
+            raise StoreError(f"model {model!r} is not in store {path}; it holds: {held}")
+        return _open_model(session.store, root, key)
+    children = {key: xr.DataTree(_open_model(session.store, root, key)) for key, _ in _model_groups(root)}
     tree = xr.DataTree(children=children)
     tree.attrs = {k: (json.dumps(v) if k == "provenance" else v) for k, v in root.attrs.items()}
     return tree
 
 
-def store_info(path: str | Path) -> dict[str, Any]:
-    """What a store holds: per model and condition, samples, tokens, variables, layers, bytes,
-    and any damage (rows written but not committed by a crashed writer)."""
+def store_history(path: str | Path) -> list[dict[str, Any]]:
+    """Every snapshot of the store's branch, newest first: id, time, message, tags."""
     path = Path(path)
-    if not (path / "zarr.json").exists():
-        raise StoreError(f"no workbench store at {path}")
-    root = zarr.open_group(path, mode="r", zarr_format=3)
-    info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", []))}
+    _read_session(path)
+    repo = _open_repo(path)
+    tags: dict[str, list[str]] = {}
+    for tag in repo.list_tags():
+        tags.setdefault(repo.lookup_tag(tag), []).append(tag)
+    return [{"snapshot": s.id, "time": s.written_at.isoformat(timespec="seconds"), "message": s.message,
+             "tags": sorted(tags.get(s.id, []))} for s in repo.ancestry(branch=BRANCH)]
+
+
+def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
+    """What a store holds: per model and condition, samples, tokens, variables, layers and
+    identity, read from its last commit (or `snapshot`)."""
+    path = Path(path)
+    session = _read_session(path, snapshot)
+    root = _root_of(session)
+    info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", [])),
+                            "snapshot": session.snapshot_id, "bytes": _disk_bytes(path)}
     for key, model in _model_groups(root):
         conditions = {}
         for condition, group in sorted(model.groups()):
-            samples, counts = _committed(group)
+            n_runs = group["run_sample"].shape[0] if "run_sample" in group else 0
+            n_tokens = group["sample"].shape[0] if "sample" in group else 0
             variables = {
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
                 for name, a in sorted(group.arrays())
-                # labels, commit records and coordinate arrays (named after their own dim) are not data
-                if name not in COMMIT_ARRAYS + TOKEN_LABELS and list(a.metadata.dimension_names or ()) != [name]
+                # labels, per-run records and coordinate arrays (named after their own dim) are not data
+                if name not in RUN_LABELS + TOKEN_LABELS and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
-                "samples": len(samples),
-                "tokens": int(sum(counts)),
+                "samples": int(n_runs),
+                "tokens": int(n_tokens),
                 "variables": variables,
                 "layers": [int(x) for x in group["layer"][:]] if "layer" in group else [],
-                "bytes": _disk_bytes(path / key / condition),
-                "damage": _damage(group),
-                "nonfinite_runs": int((np.asarray(group["nonfinite"][: len(samples)]) > 0).sum()) if "nonfinite" in group else 0,
+                "nonfinite_runs": int((np.asarray(group["nonfinite"][:]) > 0).sum()) if "nonfinite" in group else 0,
                 "sweep": dict(group.attrs.get("sweep") or {}),
+                "identity": dict(group.attrs.get("identity") or {}),
             }
         info["models"][model.attrs.get("model_id", key)] = {"key": key, "conditions": conditions, **{
-            k: v for k, v in model.attrs.items() if k in ("family", "n_layers", "hidden_size", "revision")
+            k: v for k, v in model.attrs.items() if k in ("family", "n_layers", "hidden_size", "revision", "dtype", "device")
         }}
     return info
 

@@ -1,0 +1,22 @@
+"""Names the store reserves: a condition or sweep variable that took one would overwrite a label,
+a coordinate or a zarr file, or escape its group. Checked in the spec (with a located error) and
+again by the store writer."""
+
+from __future__ import annotations
+
+TOKEN_LABELS = ("sample", "position", "modality", "token_id")
+RUN_LABELS = ("run_sample", "run_tokens", "run_input")
+DIMS = ("token", "run", "layer", "decoder_layer", "step", "dim", "kv", "head", "vocab")
+VARIABLES = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention", "logprobs", "generated",
+             "embed", "final_norm", "n_tokens", "nonfinite")
+RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", *TOKEN_LABELS, *RUN_LABELS, *DIMS, *VARIABLES})
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a condition or sweep variable, or None."""
+    if name in RESERVED_NAMES:
+        shown = ", ".join(sorted(RESERVED_NAMES - {".", ".."}))
+        return f"'{name}' is reserved by the store; expected a name other than . .. {shown}"
+    if not name or name.strip() != name or "/" in name or "\\" in name or name.startswith((".", "_", "run_")):
+        return f"'{name}' cannot name a store group; expected no '/' or '\\\\', no leading '.', '_' or 'run_'"
+    return None
