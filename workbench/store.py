@@ -160,7 +160,9 @@ def _open_repo(path: Path) -> Any:
 
 
 def _short(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    """An error's gist on one line: icechunk's first line, without its context trace."""
+    text = " ".join(str(err).split("| \n")[0].split("context:")[0].split()).strip(" |")
+    text = text[2:] if text.startswith("x ") else text
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
@@ -225,8 +227,15 @@ class _WriterLock:
         import fcntl
 
         self._fcntl = fcntl
-        real.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(lock_path(real), "a+")
+        try:
+            real.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(lock_path(real), "a+")
+        except OSError as err:
+            meaning = io_failure(err)
+            if meaning is None:
+                raise
+            raise StoreIOError(f"cannot lock store {shown} for writing: {meaning}; nothing was written",
+                               hint="fix the file system or pass another --store") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -321,12 +330,13 @@ class StoreWriter:
         self._pending_provenance: dict[str, Any] | None = None
         self._models: dict[str, dict[str, Any]] = {}
         self.commits = 0
+        self.compaction_skipped: str | None = None
         self.repairs: list[str] = self._restore_intact_snapshot()
 
     def _open_existing(self, real: Path) -> Any:
         repo = _open_repo(real)
         try:
-            root = _root_of(repo.readonly_session(branch=BRANCH))
+            root = _root_of(repo, repo.readonly_session(branch=BRANCH))
         except Exception:
             return repo  # an unreadable snapshot: _restore_intact_snapshot deals with it
         fmt = root.attrs.get("workbench_format")
@@ -370,7 +380,7 @@ class StoreWriter:
     def committed_root(self) -> zarr.Group:
         if self.repo is None:
             return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
-        return _root_of(self.repo.readonly_session(branch=BRANCH))
+        return _root_of(self.repo, self.repo.readonly_session(branch=BRANCH))
 
     def _stage(self) -> zarr.Group:
         if self.repo is None:
@@ -555,8 +565,13 @@ class StoreWriter:
                 self.repo.delete_tag(tag)
             self.repo.create_tag(tag, self.repo.lookup_branch(BRANCH))
             cutoff = _dt.datetime.now(_dt.timezone.utc) - COMPACT_GRACE
-            self.repo.expire_snapshots(older_than=cutoff)
-            self.repo.garbage_collect(cutoff)
+            try:
+                self.repo.expire_snapshots(older_than=cutoff)
+                self.repo.garbage_collect(cutoff)
+            except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
+                if io_failure(err):
+                    raise
+                self.compaction_skipped = _short(err)
         return tag
 
     def _restore_intact_snapshot(self) -> list[str]:
@@ -653,21 +668,34 @@ class Damage:
         return f"{where}: {self.error}"
 
 
-def _root_of(session: Any) -> zarr.Group:
+def _root_of(repo: Any, session: Any) -> zarr.Group:
     """The root group of a snapshot; an empty one for a repository created but never committed to
-    (a run killed before its first result)."""
+    (a run killed before its first result). A later snapshot without a root is damage."""
     try:
         return zarr.open_group(session.store, mode="r", zarr_format=3)
     except zarr.errors.GroupNotFoundError:
+        try:
+            first = len(list(repo.ancestry(snapshot_id=session.snapshot_id))) == 1
+        except Exception as err:
+            raise StoreError(f"snapshot {session.snapshot_id} is unreadable: {_short(err)}") from None
+        if not first:
+            raise StoreError(f"snapshot {session.snapshot_id} has no root group: its metadata is damaged") from None
         return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
 
 
-def _snapshot_problem(repo: Any) -> str | None:
+def _snapshot_problem(repo: Any, session: Any = None) -> str | None:
+    """Why a snapshot's metadata (the branch's, by default) does not read back, or None: its root,
+    every group and its attrs, every array's metadata."""
     try:
-        root = _root_of(repo.readonly_session(branch=BRANCH))
+        session = session or repo.readonly_session(branch=BRANCH)
+        root = _root_of(repo, session)
+        dict(root.attrs)
         for _, model in root.groups():
+            dict(model.attrs)
             for _, group in model.groups():
                 dict(group.attrs)
+                for _, array in group.arrays():
+                    array.metadata
         return None
     except Exception as err:
         return _short(err)
@@ -685,8 +713,8 @@ def _newest_intact_snapshot(path: Path) -> Any:
     for file in (path / "snapshots").iterdir():
         try:
             info = next(iter(repo.ancestry(snapshot_id=file.name)))
-            repo.readonly_session(snapshot_id=file.name)
-            found.append(info)
+            if _snapshot_problem(repo, repo.readonly_session(snapshot_id=file.name)) is None:
+                found.append(info)
         except Exception:
             continue
     return max(found, key=lambda info: info.written_at, default=None)
@@ -722,7 +750,7 @@ def _verify_repo(repo: Any, path: Path, progress: bool = False) -> list[Damage]:
         where = (f"; the newest intact snapshot is {intact.id} of {intact.written_at:%Y-%m-%d %H:%M:%S} "
                  "(the next run restores it and re-captures the rest)") if intact else "; no intact snapshot is left"
         return [Damage("", "", "snapshot", None, [], problem + where)]
-    root = _root_of(repo.readonly_session(branch=BRANCH))
+    root = _root_of(repo, repo.readonly_session(branch=BRANCH))
     damage: list[Damage] = []
     groups = [(k, c, g) for k, m in sorted(root.groups()) for c, g in sorted(m.groups())]
     from tqdm.auto import tqdm
@@ -762,7 +790,21 @@ def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndar
 RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
 
 
-def _read_session(path: Path, snapshot: str | None = None) -> Any:
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Metadata that does not parse (a damaged file) becomes a StoreError that points to verify."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as err:
+        if type(err).__name__ not in ("IcechunkError", "JSONDecodeError", "UnicodeDecodeError") and not isinstance(err, OSError):
+            raise
+        raise StoreError(f"cannot read store {path}: {_short(err)}",
+                         hint=f"run `workbench verify {path}` to see what is damaged") from None
+
+
+def _read_session(path: Path, snapshot: str | None = None) -> tuple[Any, Any]:
     """A read-only session on the committed state (the branch), a tag (`run-3`) or a snapshot id."""
     if not is_store(path):
         if (path / "zarr.json").is_file():
@@ -772,10 +814,10 @@ def _read_session(path: Path, snapshot: str | None = None) -> Any:
     repo = _open_repo(path)
     try:
         if snapshot is None:
-            return repo.readonly_session(branch=BRANCH)
+            return repo, repo.readonly_session(branch=BRANCH)
         if snapshot in repo.list_tags():
-            return repo.readonly_session(tag=snapshot)
-        return repo.readonly_session(snapshot_id=snapshot)
+            return repo, repo.readonly_session(tag=snapshot)
+        return repo, repo.readonly_session(snapshot_id=snapshot)
     except Exception as err:
         tags = ", ".join(sorted(repo.list_tags())) or "none"
         raise StoreError(f"cannot read snapshot {snapshot or BRANCH!r} of {path}: {_short(err)}",
@@ -818,8 +860,9 @@ def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
 
 
 def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
-    root = _root_of(_read_session(Path(path), snapshot))
-    return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
+    with _reading(Path(path)):
+        root = _root_of(*_read_session(Path(path), snapshot))
+        return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
 
 
 def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Dataset:
@@ -860,9 +903,13 @@ def open_store(path: str | Path, model: str | None = None, *, snapshot: str | No
     `condition`, sweep values (e.g. `alpha`), `sample`, `position`, `modality`, `token_id`
     indexed together so `ds.sel(condition="baseline", modality="vision", layer=0)` works.
     Arrays are lazy (dask) and read from that one snapshot, whatever a writer commits meanwhile."""
-    path = Path(path)
-    session = _read_session(path, snapshot)
-    root = _root_of(session)
+    with _reading(Path(path)):
+        return _open(Path(path), model, snapshot)
+
+
+def _open(path: Path, model: str | None, snapshot: str | None) -> xr.DataTree | xr.Dataset:
+    repo, session = _read_session(path, snapshot)
+    root = _root_of(repo, session)
     if model is not None:
         key = model_key(model)
         if key not in root or root[key].attrs.get("workbench_kind") == ANALYSIS_KIND:
@@ -877,9 +924,7 @@ def open_store(path: str | Path, model: str | None = None, *, snapshot: str | No
 
 def store_history(path: str | Path) -> list[dict[str, Any]]:
     """Every snapshot of the store's branch, newest first: id, time, message, tags."""
-    path = Path(path)
-    _read_session(path)
-    repo = _open_repo(path)
+    repo, _ = _read_session(Path(path))
     tags: dict[str, list[str]] = {}
     for tag in repo.list_tags():
         tags.setdefault(repo.lookup_tag(tag), []).append(tag)
@@ -890,9 +935,13 @@ def store_history(path: str | Path) -> list[dict[str, Any]]:
 def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
     """What a store holds: per model and condition, samples, tokens, variables, layers and
     identity, read from its last commit (or `snapshot`)."""
-    path = Path(path)
-    session = _read_session(path, snapshot)
-    root = _root_of(session)
+    with _reading(Path(path)):
+        return _info(Path(path), snapshot)
+
+
+def _info(path: Path, snapshot: str | None) -> dict[str, Any]:
+    repo, session = _read_session(path, snapshot)
+    root = _root_of(repo, session)
     info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", [])),
                             "snapshot": session.snapshot_id, "bytes": _disk_bytes(path)}
     for key, model in _model_groups(root):
