@@ -329,6 +329,7 @@ class StoreWriter:
         self._root: zarr.Group | None = None
         self._pending_provenance: dict[str, Any] | None = None
         self._models: dict[str, dict[str, Any]] = {}
+        self._states: dict[tuple[str, str], _ConditionState] = {}
         self.commits = 0
         self.compaction_skipped: str | None = None
         self.repairs: list[str] = self._restore_intact_snapshot()
@@ -376,6 +377,15 @@ class StoreWriter:
                 f"{what} in {self.path} failed: {meaning}; the store keeps its last commit "
                 f"({self.commits} sample(s) committed by this run)",
                 hint="free space or fix the file system, then rerun the same command to finish") from None
+
+    @contextlib.contextmanager
+    def _discard_on_error(self) -> Iterator[None]:
+        """A write that fails halfway leaves nothing staged: the next commit must not carry it."""
+        try:
+            yield
+        except BaseException:
+            self._session = self._root = None
+            raise
 
     def committed_root(self) -> zarr.Group:
         if self.repo is None:
@@ -472,31 +482,35 @@ class StoreWriter:
         problem = reserved_name_problem(condition)
         if problem:
             raise StoreError(f"condition name {problem}")
-        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {model_id} | {condition} | {sample_id}"):
+        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {model_id} | {condition} | {sample_id}"), \
+                self._discard_on_error():
             root = self._stage()
             group = self._condition_group(root, model_id, condition, condition_attrs or {})
-            if "run_sample" in group and sample_id in {str(s) for s in group["run_sample"][:]}:
+            state = self._state(model_id, condition, group)
+            if sample_id in state.samples:
                 raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
             n_tokens = _token_count(variables)
-            token_offset = group["sample"].shape[0] if "sample" in group else 0
-            run_offset = group["run_sample"].shape[0] if "run_sample" in group else 0
             rows = dict(variables)
             rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
             rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
             rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
             rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
-            for name, var in rows.items():
-                self._append(group, name, var, token_offset if var.dims[0] == "token" else run_offset)
+            shapes = _check_layout(group.path, rows, state)
+            # every array's create/resize/write in one batch: one trip through zarr's event loop
+            zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), self._pending_provenance]
             snapshot = self._commit(f"{model_id} | {condition} | {sample_id}")
         self._pending_provenance = None
+        state.commit(sample_id, n_tokens, shapes, rows)
         return snapshot
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
+        key = model_key(model_id)
+        if (key, condition) in self._states:  # known to exist: skip the lookups
+            return root[f"{key}/{condition}"]
         if "workbench_format" not in root.attrs:
             root.attrs.update({"workbench_format": STORE_FORMAT, "provenance": []})
-        key = model_key(model_id)
         if key not in root:
             model = root.create_group(key)
             model.attrs.update(self._models.get(model_id) or {"model_id": model_id})
@@ -506,48 +520,41 @@ class StoreWriter:
             group.attrs.update(_jsonable({**attrs, "condition": condition}))
         return model[condition]
 
-    def _append(self, group: zarr.Group, name: str, var: Variable, offset: int) -> None:
-        data = np.asarray(var.data)
-        if name not in group:
-            self._create(group, name, var)
-        array = group[name]
-        if tuple(array.shape[1:]) != data.shape[1:]:
-            raise StoreError(
-                f"{name}: shape {data.shape[1:]} per {var.dims[0]} does not match the stored "
-                f"{tuple(array.shape[1:])} in {group.path}; write to a new store"
-            )
-        for dim, values in var.coords.items():
-            if dim in group and not np.array_equal(group[dim][:], np.asarray(values)):
-                raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {group.path}")
-        array.resize((offset + data.shape[0],) + tuple(array.shape[1:]))
-        if data.dtype.kind in "USO":
-            data = data.astype(object)
-        else:  # asarray: no copy when the capture already has the stored dtype (float32)
-            data = np.asarray(data, dtype=array.dtype)
-        array[offset : offset + data.shape[0]] = data
+    def _state(self, model_id: str, condition: str, group: zarr.Group) -> _ConditionState:
+        """What this writer knows of a condition's committed arrays (read once, then kept)."""
+        key = (model_key(model_id), condition)
+        if key not in self._states:
+            self._states[key] = _ConditionState.read(group)
+        return self._states[key]
 
-    def _create(self, group: zarr.Group, name: str, var: Variable) -> None:
-        data = np.asarray(var.data)
-        dtype = _storage_dtype(data)
-        itemsize = 4 if dtype is str else np.dtype(dtype).itemsize
-        compressors: list[Any] = []
-        if dtype is not str and np.dtype(dtype).kind == "f":
-            compressors.append(zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"))
-        compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
-        group.create_array(
-            name,
-            shape=(0,) + data.shape[1:],
-            chunks=_chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
-            dtype=dtype,
-            dimension_names=list(var.dims),
-            compressors=compressors,
-        )
-        for dim, values in var.coords.items():
-            if dim not in group:
-                values = np.asarray(values)
-                coord = group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim],
-                                           compressors=[zarr.codecs.Crc32cCodec()])
-                coord[:] = values
+    async def _append_all(self, group: Any, rows: dict[str, Variable], state: _ConditionState) -> None:
+        import asyncio
+
+        new_coords = {dim: np.asarray(values) for var in rows.values() for dim, values in var.coords.items()
+                      if dim not in state.coords}
+        await asyncio.gather(*(self._create_coord(group, dim, values) for dim, values in new_coords.items()))
+
+        async def append(name: str, var: Variable) -> None:
+            data = np.asarray(var.data)
+            offset = state.tokens if var.dims[0] == "token" else state.runs
+            if name in state.shapes:
+                array = await group.getitem(name)
+            else:
+                array = await group.create_array(name, **_array_layout(name, var))
+            await array.resize((offset + data.shape[0],) + data.shape[1:])
+            if data.dtype.kind in "USO":
+                data = data.astype(object)
+            elif data.dtype != array.dtype:  # no copy when the capture already is float32
+                data = data.astype(array.dtype)
+            await array.setitem(slice(offset, offset + data.shape[0]), data)
+
+        await asyncio.gather(*(append(name, var) for name, var in rows.items()))
+
+    @staticmethod
+    async def _create_coord(group: Any, dim: str, values: np.ndarray) -> None:
+        coord = await group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim],
+                                         compressors=[zarr.codecs.Crc32cCodec()])
+        await coord.setitem(slice(None), values)
 
     # -- the end of a run, and repair -----------------------------------------------------------
     def finish_run(self) -> str | None:
@@ -617,6 +624,7 @@ class StoreWriter:
             staged = self._stage()
             for key, condition in conditions:
                 del staged[f"{key}/{condition}"]
+                self._states.pop((key, condition), None)
             self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions))
         self.commits -= 1  # not a sample
         return [f"{k}/{c}: damaged chunks; dropped, re-captured by this run" for k, c in conditions]
@@ -632,6 +640,63 @@ class _FaultStore(zarr.storage.WrapperStore):
     async def delete(self, key: str) -> None:
         await self._store.delete(key)
         fault_point("store.write")
+
+
+@dataclass
+class _ConditionState:
+    """A condition group's committed layout as the writer tracks it: samples, row counts, the
+    per-row shape of each array, coordinate values."""
+
+    samples: set[str]
+    tokens: int
+    runs: int
+    shapes: dict[str, tuple[int, ...]]
+    coords: dict[str, np.ndarray]
+
+    @classmethod
+    def read(cls, group: zarr.Group) -> _ConditionState:
+        arrays = dict(group.arrays())
+        coords = {name: a[:] for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
+        shapes = {name: tuple(a.shape[1:]) for name, a in arrays.items() if name not in coords}
+        samples = {str(s) for s in arrays["run_sample"][:]} if "run_sample" in arrays else set()
+        tokens = arrays["sample"].shape[0] if "sample" in arrays else 0
+        return cls(samples, tokens, len(samples), shapes, coords)
+
+    def commit(self, sample_id: str, n_tokens: int, shapes: dict[str, tuple[int, ...]], rows: dict[str, Variable]) -> None:
+        self.samples.add(sample_id)
+        self.tokens += n_tokens
+        self.runs += 1
+        self.shapes.update(shapes)
+        for var in rows.values():
+            self.coords.update({dim: np.asarray(v) for dim, v in var.coords.items() if dim not in self.coords})
+
+
+def _check_layout(where: str, rows: dict[str, Variable], state: _ConditionState) -> dict[str, tuple[int, ...]]:
+    """Each row's shape and coordinates against what the condition already holds."""
+    shapes = {}
+    for name, var in rows.items():
+        tail = tuple(np.shape(var.data)[1:])
+        if name in state.shapes and state.shapes[name] != tail:
+            raise StoreError(f"{name}: shape {tail} per {var.dims[0]} does not match the stored "
+                             f"{state.shapes[name]} in {where}; write to a new store")
+        for dim, values in var.coords.items():
+            if dim in state.coords and not np.array_equal(state.coords[dim], np.asarray(values)):
+                raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {where}")
+        shapes[name] = tail
+    return shapes
+
+
+def _array_layout(name: str, var: Variable) -> dict[str, Any]:
+    """create_array keywords of a new variable: dtype, chunks, codecs (checksum last)."""
+    data = np.asarray(var.data)
+    dtype = _storage_dtype(data)
+    itemsize = 4 if dtype is str else np.dtype(dtype).itemsize
+    compressors: list[Any] = []
+    if dtype is not str and np.dtype(dtype).kind == "f":
+        compressors.append(zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"))
+    compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
+    return {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
+            "dtype": dtype, "dimension_names": list(var.dims), "compressors": compressors}
 
 
 def _token_count(variables: dict[str, Variable]) -> int:
