@@ -56,10 +56,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_spec, tune_allocator
 
     spec = _load(args)
+    if args.shard is not None:
+        spec = spec.with_overrides(store_path=shard_store_path(str(spec.store.path), args.shard))
     tune_allocator()
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
-                           progress=not args.no_progress, remote=args.remote)
+                           progress=not args.no_progress, remote=args.remote, shard=args.shard)
     except RemoteRunError as err:
         print(f"error: {err}\nEverything already written to {spec.store.path} is kept; run the same command "
               "again to resume.", file=sys.stderr)
@@ -110,6 +112,29 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard(value: str) -> tuple[int, int]:
+    k, _, n = value.partition("/")
+    if k.isdigit() and n.isdigit() and 0 <= int(k) < int(n):
+        return int(k), int(n)
+    raise argparse.ArgumentTypeError(f"got {value!r}; expected k/N with 0 <= k < N, e.g. 0/4")
+
+
+def shard_store_path(path: str, shard: tuple[int, int]) -> str:
+    """stores/x.zarr -> stores/x.shard0of4.zarr: each shard writes its own store."""
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.shard{shard[0]}of{shard[1]}{p.suffix}"))
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .merge import merge_stores
+
+    merge_stores(args.out, args.shards)
+    print(f"next: workbench verify {args.out}   # or: workbench analyze {args.out}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .store import verify_store
 
@@ -156,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data", help="data source override, e.g. builtin")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: the spec's, else auto)")
     run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
+    run.add_argument("--shard", type=_shard, metavar="k/N",
+                     help="run samples k, k+N, k+2N, ... into STORE.shardkofN.zarr (N processes or machines share "
+                     "a run; `workbench merge` joins their stores)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
     run.add_argument("--remote", nargs="?", const=True, default=None, type=_remote_target, metavar="URL",
@@ -178,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--history", action="store_true", help="list the store's snapshots (one per result) and run tags")
     info.add_argument("--snapshot", help="describe a past state: a run tag (run-1) or a snapshot id")
     info.set_defaults(func=cmd_info)
+
+    merge = sub.add_parser("merge", help="merge the stores of a sharded run (run --shard k/N) into one",
+                           description="Merge the stores written by `workbench run SPEC --shard k/N` for k = 0..N-1 "
+                           "into OUT, a store equal to a single run's (rows in the same order, labels, identities, "
+                           "and every shard's provenance). Resumes an interrupted merge.")
+    merge.add_argument("out", help="the merged store (new, or a merge in progress)")
+    merge.add_argument("shards", nargs="+", help="the shard stores")
+    merge.set_defaults(func=cmd_merge)
 
     verify = sub.add_parser("verify", help="read every chunk of a store and check its checksum",
                             description="Read every chunk of STORE's last commit, check each CRC-32C, and report "

@@ -163,13 +163,17 @@ def run_spec(
     log: Callable[[str], None] = print,
     remote: Any = None,
     command: list[str] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> RunSummary:
     """Run every (model, sample, condition) of `spec` not yet in its store.
 
     remote: None runs where the spec's `backend.kind` says; False runs locally; True (NDIF),
     "local" (nnsight's in-process simulation), a server URL or a
     `workbench.backends.remote.RemoteConfig` run remotely: one job per sample, covering that
-    sample's conditions not yet stored (see workbench.backends.remote)."""
+    sample's conditions not yet stored (see workbench.backends.remote).
+
+    shard: (k, n) runs only samples k, k+n, k+2n, ... (0 <= k < n): n processes with k = 0..n-1
+    share the work, each into its own store, and `workbench merge` joins their stores."""
     from .data import input_hash, load_samples
 
     backend = spec.backend
@@ -182,6 +186,8 @@ def run_spec(
     dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
     plans = compile_all(spec)
     samples = load_samples(spec.data)
+    if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
+        samples = samples[shard[0]::shard[1]]
     preflight_positions(spec, plans, samples)
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
@@ -206,6 +212,8 @@ def run_spec(
         if not todo:
             return summary
         record = provenance(spec, command)
+        if shard is not None:
+            record["shard"] = list(shard)
         if remote_config is not None:
             record["backend"] = remote_config.describe()  # where it ran; never the API key
         store.add_provenance(record)

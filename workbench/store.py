@@ -327,7 +327,7 @@ class StoreWriter:
             raise
         self._session: Any = None
         self._root: zarr.Group | None = None
-        self._pending_provenance: dict[str, Any] | None = None
+        self._pending_provenance: list[dict[str, Any]] | None = None
         self._models: dict[str, dict[str, Any]] = {}
         self._states: dict[tuple[str, str], _ConditionState] = {}
         self.commits = 0
@@ -414,10 +414,10 @@ class StoreWriter:
         return snapshot
 
     # -- provenance and groups ----------------------------------------------------------------
-    def add_provenance(self, record: dict[str, Any]) -> None:
-        """One run's provenance (effective spec, command line, versions, time): committed with
-        the run's first sample, so a run that stores nothing leaves no record."""
-        self._pending_provenance = _jsonable(record)
+    def add_provenance(self, *records: dict[str, Any]) -> None:
+        """A run's provenance record(s) (effective spec, command line, versions, time): committed
+        with the run's first sample, so a run that stores nothing leaves no record."""
+        self._pending_provenance = [_jsonable(r) for r in records]
 
     def ensure_model(self, model_id: str, attrs: dict[str, Any]) -> None:
         """Declare a model before its samples; refused if the store holds it with another identity
@@ -499,7 +499,7 @@ class StoreWriter:
             # every array's create/resize/write in one batch: one trip through zarr's event loop
             zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
             if self._pending_provenance is not None:
-                root.attrs["provenance"] = [*root.attrs.get("provenance", []), self._pending_provenance]
+                root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(f"{model_id} | {condition} | {sample_id}")
         self._pending_provenance = None
         state.commit(sample_id, n_tokens, shapes, rows)

@@ -1,0 +1,146 @@
+"""Merge the stores of a sharded run (`workbench run SPEC --shard k/N`) into one store equal to the
+single run's: the same models, conditions, identities, rows in the same order, labels, and every
+shard's provenance (plus a record of the merge).
+
+Shard k of N holds samples k, k+N, k+2N, ... of the spec's data, so the single run's order is the
+shards' samples taken round-robin. Each merged sample is one commit, as in a run: an interrupted
+merge resumes where it stopped."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import zarr
+
+from .errors import BadInputError
+from .store import (
+    MODEL_IDENTITY, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
+)
+
+_WRITTEN_BY_STORE = {"sample", "run_sample", "run_tokens", "run_input"}  # write_sample adds these itself
+
+
+class MergeError(BadInputError):
+    """The stores cannot be merged (not shards of one run, or shards that disagree)."""
+
+
+class _Shard:
+    """One shard store, read at its last commit."""
+
+    def __init__(self, path: Path):
+        if not is_store(path):
+            raise MergeError(f"no workbench store at {path}")
+        repo = _open_repo(path)
+        self.path = path
+        self.root = _root_of(repo, repo.readonly_session(branch="main"))
+        self.provenance = list(self.root.attrs.get("provenance", []))
+        shards = {tuple(r["shard"]) for r in self.provenance if r.get("shard")}
+        if len(shards) != 1 or len(shards) != len({tuple(r.get("shard") or ()) for r in self.provenance}):
+            raise MergeError(f"{path} is not the store of one shard (`workbench run SPEC --shard k/N`): "
+                             f"its runs record shards {sorted(shards) or 'none'}")
+        self.index, self.count = shards.pop()
+
+    def models(self) -> dict[str, zarr.Group]:
+        return {key: g for key, g in self.root.groups()}
+
+
+def _check_shards(shards: list[_Shard]) -> None:
+    counts = {s.count for s in shards}
+    indices = sorted(s.index for s in shards)
+    if len(counts) != 1 or indices != list(range(counts.pop())):
+        raise MergeError(f"the stores are shards {', '.join(f'{s.index}/{s.count}' for s in shards)}; "
+                         f"expected every shard 0..N-1 of one N exactly once")
+    first = shards[0]
+    for other in shards[1:]:
+        for key, model in first.models().items():
+            if key not in other.models():
+                continue
+            theirs = other.models()[key]
+            diff = identity_diff({k: model.attrs.get(k) for k in MODEL_IDENTITY},
+                                 {k: theirs.attrs.get(k) for k in MODEL_IDENTITY})
+            for name, group in model.groups():
+                if name in theirs:
+                    diff += identity_diff(dict(group.attrs).get("identity") or {},
+                                          dict(theirs[name].attrs).get("identity") or {}, f"{name}.")
+            if diff:
+                raise MergeError(f"{first.path} and {other.path} ran {key} differently:\n    " + "\n    ".join(diff))
+
+
+def _sample_rows(group: zarr.Group) -> list[tuple[str, slice, int, str]]:
+    """(sample id, its token rows, its run row, input hash) of every sample of a condition."""
+    samples = [str(s) for s in group["run_sample"][:]]
+    counts = np.asarray(group["run_tokens"][:], dtype=np.int64)
+    hashes = [str(h) for h in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
+    ends = np.cumsum(counts)
+    return [(s, slice(int(e - c), int(e)), i, h) for i, (s, c, e, h) in enumerate(zip(samples, counts, ends, hashes))]
+
+
+def _variables(group: zarr.Group, tokens: slice, run: int) -> dict[str, Variable]:
+    """One sample's stored variables, as the runner handed them to the store."""
+    arrays = dict(group.arrays())
+    coords = {name: a for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
+    out = {}
+    for name, array in arrays.items():
+        if name in coords or name in _WRITTEN_BY_STORE:
+            continue
+        dims = tuple(array.metadata.dimension_names or ())
+        rows = tokens if dims[0] == "token" else slice(run, run + 1)
+        out[name] = Variable(dims, array[rows], {d: coords[d][:] for d in dims[1:] if d in coords})
+    return out
+
+
+def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[str], None] = print) -> int:
+    """Merge shard stores into `out` (new, or a merge in progress); returns results written."""
+    out = Path(out)
+    with _reading(out):
+        shards = sorted((_Shard(Path(p)) for p in shard_paths), key=lambda s: s.index)
+        _check_shards(shards)
+        written = 0
+        with StoreWriter(out) as store:
+            done_before = _committed(store)
+            record = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                      "merge": [str(s.path) for s in shards], "command": list(sys.argv)}
+            # the shards' own run records, then the merge's (the shards' only on the first pass)
+            store.add_provenance(*([] if done_before else [r for s in shards for r in s.provenance]), record)
+            models = list(dict.fromkeys(k for s in shards for k in s.models()))
+            for key in models:
+                first = next(s for s in shards if key in s.models())
+                model_attrs = dict(first.models()[key].attrs)
+                store.ensure_model(model_attrs["model_id"], model_attrs)
+                conditions = list(dict.fromkeys(c for s in shards if key in s.models() for c, _ in s.models()[key].groups()))
+                per_shard = {c: [_sample_rows(s.models()[key][c]) if key in s.models() and c in s.models()[key] else []
+                                 for s in shards] for c in conditions}
+                # the single run's order: per sample (round-robin over shards), per condition
+                order = _round_robin([list(dict.fromkeys(r[0] for c in conditions for r in per_shard[c][i]))
+                                      for i in range(len(shards))])
+                for sample in order:
+                    for condition in conditions:
+                        found = [(i, r) for i, rows in enumerate(per_shard[condition]) for r in rows if r[0] == sample]
+                        if not found or (key, condition, sample) in done_before:
+                            continue
+                        i, (sid, tokens, run, input_hash) = found[0]
+                        group = shards[i].models()[key][condition]
+                        attrs = {k: v for k, v in group.attrs.items() if k != "condition"}
+                        store.write_sample(model_attrs["model_id"], condition, sid, _variables(group, tokens, run),
+                                           attrs, input_hash=input_hash)
+                        written += 1
+            store.finish_run()
+    log(f"merged {len(shards)} shard(s) into {out}: wrote {written} result(s)")
+    return written
+
+
+def _committed(store: StoreWriter) -> set[tuple[str, str, str]]:
+    root = store.committed_root()
+    return {(key, condition, s) for key, model in root.groups() for condition, group in model.groups()
+            for s in (str(x) for x in group["run_sample"][:])} if "workbench_format" in root.attrs else set()
+
+
+def _round_robin(lists: list[list[str]]) -> list[str]:
+    out: list[str] = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out += [x[i] for x in lists if i < len(x) and x[i] not in out]
+    return out
