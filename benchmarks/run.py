@@ -37,11 +37,11 @@ SIZES = {
     # name: (capture repeats tiny, store (tokens, layers, dim, repeats), analyses (n, repeats),
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
-                 remote=(2, 3)),
+                 remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
-                  remote=(2, 3)),
+                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
-                  remote=(1, 1)),
+                  remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1)),
 }
 
 
@@ -101,13 +101,13 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         out: Path | None = RESULTS / "latest.json", readme: Path | None = README, log: Callable[[str], None] = print,
         workdir: Path | None = None) -> dict[str, Any]:
     """Run the chosen sections; return (and write) the results."""
-    from . import analyses_bench, capture, memory_bench, store_write
+    from . import analyses_bench, capture, memory_bench, merge_bench, store_write
 
     _quiet()
     pin_threads(threads)
     size = SIZES[mode]
     real_size = (mode == "full") if real_size is None else real_size
-    sections = sections or ("capture", "store", "analyses", "memory", "remote")
+    sections = sections or ("capture", "store", "merge", "analyses", "memory", "remote")
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -140,6 +140,9 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         if mode != "smoke":
             _section(sec, "store_tuned_malloc", lambda: store_tuned_section((tokens, layers, dim), repeats, threads), log)
             save()
+    if "merge" in sections:
+        _section(sec, "merge", lambda: merge_bench.measure(**size["merge"], workdir=workdir), log)
+        save()
     if "analyses" in sections:
         n, repeats = size["analyses"]
         models = ("tiny-qwen3vl",) if mode == "smoke" else ("tiny-smolvlm", "tiny-qwen3vl")
@@ -266,6 +269,16 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"np.save {st['raw_mb_per_s']:.0f} MB/s", f"write_sample {st['zarr_mb_per_s']:.0f} MB/s",
                             st["throughput_ratio"], st["throughput_ratio_wall"], st["noise"],
                             f"≥ {TARGETS['store']:.2f}", st["throughput_ratio"] >= TARGETS["store"], _store_note(st)))
+    mg = sec.get("merge")
+    if mg is not None:
+        if mg.get("status") == "error":
+            out.append(_error_row("6", "merge throughput", "", mg))
+        else:
+            out.append(_row("6", "merge / plain copy of the shard stores", f"{mg['shards']} shards, {mg['results']} results, "
+                            f"{'×'.join(map(str, mg['shape']))} ({mg['shard_mb']:.0f} MB)",
+                            f"copy {_fmt_s(mg['copy_cpu_s'])}", f"merge {_fmt_s(mg['merge_cpu_s'])} ({mg['merge_mb_per_s']:.0f} MB/s wall)",
+                            mg["ratio"], mg["wall_ratio"], mg["noise"], "— (informational)", None,
+                            "merge decodes and re-encodes every chunk (one commit per result); a copy moves bytes"))
     for name, data in [("analyses_tiny", sec.get("analyses_tiny"))] + [
             (n, d.get("analyses")) for n, d in sec.items() if n.startswith("real:")]:
         if data is None:
@@ -379,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-size", dest="real_size", action="store_true", default=None,
                         help="also the real-size random-weight models (default unless --quick)")
     parser.add_argument("--no-real-size", dest="real_size", action="store_false")
-    parser.add_argument("--sections", default="capture,store,analyses,memory,remote",
-                        help="comma-separated subset of capture,store,analyses,memory,remote")
+    parser.add_argument("--sections", default="capture,store,merge,analyses,memory,remote",
+                        help="comma-separated subset of capture,store,merge,analyses,memory,remote")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="results JSON")
     parser.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")
