@@ -1,0 +1,101 @@
+"""The background writer: results are committed to the store on a thread while the next forward
+runs, so compression and commits overlap compute.
+
+Memory stays bounded: the captures waiting in the queue are capped in bytes (`max_bytes`), and
+`put` blocks while a new result would exceed the cap (one result is always admitted, however
+large). Results are committed in the order they were put, each as one store commit, so a crash
+or kill loses no committed result and leaves nothing torn: what was queued but not committed is
+simply captured again by the next run. `close()` (also on Ctrl-C, through the context manager)
+writes what is queued before returning; an error in the thread is raised in the caller at the
+next `put` or at `close`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from .store import StoreWriter, Variable
+
+_STOP = object()
+
+
+def captured_bytes(variables: dict[str, Variable]) -> int:
+    return sum(getattr(v.data, "nbytes", 0) for v in variables.values())
+
+
+class BackgroundWriter:
+    """`put` results; a thread writes them with `StoreWriter.write_sample`. A context manager."""
+
+    def __init__(self, store: StoreWriter, max_bytes: int = 1 << 30,
+                 on_written: Callable[[str, str, str], None] | None = None):
+        self.store = store
+        self.max_bytes = max_bytes
+        self.on_written = on_written or (lambda model, condition, sample: None)
+        self.queued_bytes = 0
+        self.peak_bytes = 0
+        self._room = threading.Condition()
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="workbench-store-writer", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ---------------------------------------------------------------------
+    def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
+            condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
+        size = captured_bytes(variables)
+        with self._room:
+            while self.queued_bytes and self.queued_bytes + size > self.max_bytes and self._error is None:
+                self._room.wait()
+            self._raise_error()
+            self.queued_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
+        self._queue.put((size, (model_id, condition, sample_id, variables, condition_attrs), input_hash))
+
+    def close(self) -> None:
+        """Write everything queued, stop the thread, raise its error if it had one."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._raise_error()
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+        try:
+            self.close()  # also on Ctrl-C: the results already captured are committed
+        except BaseException:
+            if error is None:
+                raise  # the writer's own error is the one to see; otherwise the caller's wins
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._drain()
+            raise error
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            size, args, input_hash = item
+            try:
+                if self._error is None:
+                    self.store.write_sample(*args, input_hash=input_hash)
+                    self.on_written(*args[:3])
+            except BaseException as err:  # reported to the caller; later items are dropped
+                self._error = err
+            finally:
+                with self._room:
+                    self.queued_bytes -= size
+                    self._room.notify_all()
+
+    def _drain(self) -> None:
+        """After an error: stop the thread without writing what is still queued."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
