@@ -17,13 +17,13 @@ Stored variables (dims; what a row is):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from .interventions import site_tensor
+from .records import Record
 from .sites import order, position_index, residual_envoy
 
 CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
@@ -35,12 +35,11 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", dtype=torch.float32, copy=True)
 
 
-@dataclass(frozen=True)
-class ResidualCapture:
+class ResidualCapture(Record):
     """The residual stream at each listed layer index, for every position."""
 
-    layers: tuple[int, ...]
-    variable: str = "hidden"
+    _fields = ("layers", "variable")
+    _defaults = {"variable": "hidden"}
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
@@ -49,12 +48,11 @@ class ResidualCapture:
         saved.setdefault(("hidden", layer), []).append(to_host(residual_envoy(model, layer).input[0]))
 
 
-@dataclass(frozen=True)
-class AttentionCapture:
+class AttentionCapture(Record):
     """Eager attention probabilities of each listed decoder layer, reduced as they are read:
     per query the mass on vision keys, and the last query's full row (the decode step's)."""
 
-    layers: tuple[int, ...]
+    _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("attention", l, 2), l) for l in self.layers]
@@ -70,12 +68,11 @@ class AttentionCapture:
         saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
 
 
-@dataclass(frozen=True)
-class ModuleOutputCapture:
+class ModuleOutputCapture(Record):
     """A per-position module output: `embed` (token embeddings, before image features are
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
-    site: str
+    _fields = ("site",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
@@ -85,14 +82,11 @@ class ModuleOutputCapture:
         saved.setdefault((self.site, None), []).append(to_host(model.module(path)[0].output[0]))
 
 
-@dataclass(frozen=True)
-class SiteValues:
+class SiteValues(Record):
     """A sequence site's value (`embed` or residual `layer`) at the selected positions, read to
     feed another condition's `patch` or `add` (direction_from)."""
 
-    site: str
-    layers: tuple[int, ...] | None
-    positions: Any
+    _fields = ("site", "layers", "positions")
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
         if self.site == "layer":
@@ -104,13 +98,11 @@ class SiteValues:
         saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
 
 
-@dataclass(frozen=True)
-class CachedKVCapture:
+class CachedKVCapture(Record):
     """K and/or V of each listed layer, read from the KV cache after the prompt forward."""
 
-    layers: tuple[int, ...]
-    keys: bool = True
-    values: bool = True
+    _fields = ("layers", "keys", "values")
+    _defaults = {"keys": True, "values": True}
 
     def read_cache(self, cache: Any, n_tokens: int) -> dict[str, np.ndarray]:
         out = {}
@@ -125,16 +117,12 @@ class CachedKVCapture:
         return out
 
 
-@dataclass
-class CapturePlan:
+class CapturePlan(Record):
     """Everything one model's runs capture; built by the plan from the spec's `capture` list."""
 
-    residual: ResidualCapture | None = None
-    attention: AttentionCapture | None = None
-    kv: CachedKVCapture | None = None
-    logits: bool = False
-    max_new_tokens: int = 1
-    outputs: tuple[ModuleOutputCapture, ...] = ()
+    _fields = ("residual", "attention", "kv", "logits", "max_new_tokens", "outputs")
+    _defaults = {"residual": None, "attention": None, "kv": None, "logits": False, "max_new_tokens": 1, "outputs": ()}
+    _mutable = True
 
     @property
     def needs_eager_attention(self) -> bool:

@@ -214,8 +214,9 @@ class LazyInputs(dict):
 
 def _execute(model: Any, inputs_by_image: LazyInputs, condition: Any, plan: ModelPlan) -> Any:
     from .backends.local import run_condition
+    from .store import fault_point
 
-    return run_condition(model, inputs_by_image, condition, plan)
+    return run_condition(model, inputs_by_image, condition, plan, on_trace=fault_point)
 
 
 def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None]) -> Any:

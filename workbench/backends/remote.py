@@ -47,11 +47,8 @@ import nnsight
 import torch
 
 from ..errors import RemoteError
-from .local import RunResult, run_condition as _decorated_run_condition
-
-# inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
-# run_condition's body with torch's globals on the server (NameError). Ship the plain function.
-_run_condition = getattr(_decorated_run_condition, "__wrapped__", _decorated_run_condition)
+from .local import RunResult
+from .ndif_job import run_condition as _run_condition, server_run as _server_run  # noqa: F401
 
 _SHIPPED_PACKAGES = ("workbench",)
 _DEPLOYED_LEVELS = ("HOT", "WARM")
@@ -470,27 +467,3 @@ def _poll(backend: Any, config: RemoteConfig) -> dict:
             if config.job_timeout_s is not None and now - started > config.job_timeout_s:
                 raise TimeoutError(f"job {backend.job_id} did not finish in {config.job_timeout_s:g}s")
             time.sleep(config.poll_interval_s)
-
-
-# --------------------------------------------------------------------------- what runs on the server
-
-
-def _on_device(inputs: Any, device: Any, dtype: Any) -> Any:
-    encoding = {k: (v.to(device, dtype) if k == "pixel_values" else v.to(device)) for k, v in inputs.encoding.items()}
-    return replace(inputs, encoding=encoding)
-
-
-def _server_run(model: Any, inputs_by_image: dict, names: list[str], plan: Any) -> dict:
-    """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
-    local backend's `run_condition`; returns {condition: {"tokens": {...}, "run": {...}}} of
-    CPU float32 (int64 for token ids) tensors."""
-    inputs = {mode: _on_device(x, model.device, model.dtype) for mode, x in inputs_by_image.items()}
-    results = {}
-    with torch.inference_mode():
-        for name in names:
-            results[name] = _run_condition(model, inputs, plan.condition(name), plan)
-    return {
-        name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
-               "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}
-        for name, r in results.items()
-    }

@@ -89,7 +89,10 @@ class RemoteModel:
         return self.encoder.token_modality(input_ids)
 
     # -- the half that travels --------------------------------------------------------------------
-    def server_view(self) -> "ServerModel":
+    def server_view(self) -> Any:
+        """The half that travels (`workbench.backends.ndif_job.ServerModel`)."""
+        from ..backends.ndif_job import ServerModel
+
         return ServerModel(self.lm, self.info)
 
     # sites resolve on the client too (nnsight envoys of the meta model), for tests and checks
@@ -101,32 +104,3 @@ class RemoteModel:
 
     def text_embedding_norm(self) -> float:
         raise RuntimeError("the embedding weights are on the server; ServerModel.text_embedding_norm reads them there")
-
-
-class ServerModel:
-    """The model as the backend code sees it on the server. Pickled into each remote job: `lm`
-    travels as persistent ids resolved to the server's live modules; the methods below are the
-    `WorkbenchModel` ones (shipped by source) and read the server's real module through `hf`."""
-
-    def __init__(self, lm: Any, info: ModelInfo):
-        self.lm, self.info, self.arch = lm, info, info.arch
-
-    @property
-    def hf(self) -> torch.nn.Module:
-        return self.lm._module
-
-    @property
-    def device(self) -> torch.device:
-        """Where inputs go: the input embedding's device (the first device of a dispatched model)."""
-        return self.hf.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.hf.get_input_embeddings().weight.dtype
-
-    model_id = WorkbenchModel.model_id
-    n_layers = WorkbenchModel.n_layers
-    module = WorkbenchModel.module
-    decoder_layers = WorkbenchModel.decoder_layers
-    text_embedding_norm = WorkbenchModel.text_embedding_norm
-    prepare = WorkbenchModel.prepare
