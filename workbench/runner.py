@@ -146,6 +146,12 @@ def run_spec(
     plans = compile_all(spec)
     samples = load_samples(spec.data)
     preflight_positions(spec, plans, samples)
+    remote_models: dict[str, Any] = {}
+    if remote_config is not None:
+        from .backends.remote import prepare_remote
+
+        # the key, versions and served models are checked before the store is created or opened
+        remote_models = prepare_remote(plans, remote_config, log)
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
         summary.repairs = store.repairs
@@ -181,7 +187,7 @@ def run_spec(
                 model_id = plan.info.model_id
                 bar.set_description(f"loading {model_id}")
                 attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
-                model = _load_model(plan, device, dtype, attn, remote_config, note)
+                model = remote_models.get(model_id) or _load_model(plan, device, dtype, attn, remote_config, note)
                 store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]

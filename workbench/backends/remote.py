@@ -40,13 +40,13 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import nnsight
 import torch
 
-from ..errors import RemoteError
+from ..errors import BadInputError, RemoteError
 from .local import RunResult
 from .ndif_job import run_condition as _run_condition, server_run as _server_run  # noqa: F401
 
@@ -204,9 +204,18 @@ def _status_code(error: BaseException) -> int | None:
     return int(code) if isinstance(code, int) else None
 
 
+_KEY_REFUSED = ("api key", "apikey", "api-key", "unauthorized", "not authenticated")
+
+
 def _http_fault(code: int, detail: str) -> _Fault:
-    if code in (401, 403):
+    lowered = detail.lower()
+    if code == 401 or (code == 403 and any(marker in lowered for marker in _KEY_REFUSED)):
         return _Fault(False, RemoteAuthError, f"the server refused the API key (HTTP {code}): {detail}")
+    if code == 403 and any(marker in lowered for marker in _NOT_SERVED):
+        return _Fault(False, ModelNotServedError, f"the server does not serve this model (HTTP 403): {detail}")
+    if code == 403:
+        # a 403 whose body says nothing of the key (a proxy, a quota, a ban): say what it said
+        return _Fault(False, RemoteRunError, f"the server refused the request (HTTP 403): {detail or 'no reason given'}")
     if code >= 500 or code in (408, 425, 429):
         return _Fault(True, RemoteUnavailableError, f"server unavailable (HTTP {code}): {detail}")
     return _Fault(False, RemoteRunError, f"the server rejected the request (HTTP {code}): {detail}")
@@ -221,6 +230,9 @@ def classify(error: BaseException) -> _Fault:
     from nnsight.intervention.backends.remote import RemoteError
 
     text = str(error).strip() or type(error).__name__
+    if _dns_failure(error):
+        # the host name does not resolve: retrying will not fix a typo in NDIF_HOST / --remote
+        return _Fault(False, RemoteRunError, f"cannot resolve the server's host name: {text}")
     if isinstance(error, RemoteError):
         cause = error.__cause__
         if isinstance(cause, httpx.HTTPStatusError):
@@ -237,7 +249,9 @@ def classify(error: BaseException) -> _Fault:
         return _http_fault(error.response.status_code, text)
     if isinstance(error, websocket.WebSocketBadStatusException):
         code = _status_code(error)
-        return _http_fault(code, text) if code else _Fault(True, RemoteUnavailableError, text)
+        body = getattr(error, "resp_body", None)
+        body = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+        return _http_fault(code, f"{text} {body}".strip()) if code else _Fault(True, RemoteUnavailableError, text)
     if isinstance(error, (httpx.TransportError, websocket.WebSocketException, OSError, _JobLost)):
         # refused, reset, dropped mid-job, timed out, lost
         return _Fault(True, RemoteUnavailableError, f"connection to the server failed: {type(error).__name__}: {text}")
@@ -245,6 +259,21 @@ def classify(error: BaseException) -> _Fault:
         # the 0.8.1 client parses a websocket close frame as a status message
         return _Fault(True, RemoteUnavailableError, "the server closed the connection mid-job")
     return _Fault(False, RemoteRunError, f"unexpected error in the remote run: {type(error).__name__}: {text}")
+
+
+def _dns_failure(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a failed host name lookup."""
+    import socket
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, socket.gaierror):
+            return True
+        if "Name or service not known" in str(error) or "nodename nor servname" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _tail(text: str, lines: int = 3) -> str:
@@ -275,78 +304,191 @@ def with_retries(attempt: Callable[[], Any], config: RemoteConfig, what: str,
     raise AssertionError("unreachable")
 
 
-# --------------------------------------------------------------------------- the model and the server
+# --------------------------------------------------------------------------- checks before the first job
+
+
+class RemoteSetupError(RemoteRunError, BadInputError):
+    """The remote run cannot start as configured (no API key, a Python or nnsight version the
+    server refuses): fixed on this side, before anything is submitted."""
+
+    exit_code = BadInputError.exit_code
 
 
 def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
                       log: Callable[[str], None] = print) -> Any:
-    """A `RemoteModel` for `info`, after checking that the server serves it."""
+    """A `RemoteModel` for `info`, after `preflight` (the key, the versions, the served model);
+    jobs are submitted under the key the server deploys it by."""
     from ..models.remote import RemoteModel
 
     model = RemoteModel(info, attn=attn, target=config.label)
     if not config.simulated:
-        _check_environment(config, log)
+        preflight(config, log)
         if config.check_served:
-            check_served(model, config, log)
+            model.served_key = served_key(model, config, log)
     return model
 
 
-def served_models(config: RemoteConfig) -> dict[str, dict[str, Any]]:
-    """The server's deployments (GET /status, what `nnsight.status()` reads): model key -> entry."""
+ATTENTION_REFUSED = (
+    "attention probabilities cannot be captured on NDIF: the server runs each model with the attention "
+    "implementation it was deployed with (sdpa, which returns no probabilities) and applies no per-request "
+    "attn_implementation")
+
+
+def prepare_remote(plans: list[Any], config: RemoteConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every check a remote run makes before its store is touched: attention captures refused,
+    the API key, the versions, each model served. Returns model id -> its `RemoteModel`."""
+    if config.simulated:
+        return {}
+    for plan in plans:
+        if plan.capture.attention is not None:
+            raise RemoteSetupError(f"{plan.info.model_id}: {ATTENTION_REFUSED}",
+                                   hint="drop {site: attention} from capture for remote runs, or run locally")
+    require_key(config)
+    return {plan.info.model_id: load_remote_model(plan.info, config, log=log) for plan in plans}
+
+
+def require_key(config: RemoteConfig) -> str:
+    """The API key, or RemoteSetupError before any connection is made."""
+    key = config.key()
+    if not key and not config.simulated:
+        raise RemoteSetupError(f"no NDIF API key for {config.label}",
+                               hint="set NDIF_API_KEY (create one at https://login.ndif.us)")
+    return key
+
+
+_CHECKED: dict[str, dict] = {}
+
+
+def preflight(config: RemoteConfig, log: Callable[[str], None] = print) -> dict:
+    """Before the first job (and before the store is touched): the API key is set, the server
+    answers, and its Python minor version and nnsight version are ones it accepts from this
+    client. Returns the server's environment (GET /env). Once per host and process."""
+    require_key(config)
+    if config.host in _CHECKED:
+        return _CHECKED[config.host]
+    env = with_retries(lambda: _get_json(config, "/env"), config, f"environment of {config.label}", log)
+    check_versions(env, config.label)
+    _CHECKED[config.host] = env
+    return env
+
+
+def check_versions(env: dict, label: str, local_python: str | None = None, local_nnsight: str | None = None) -> None:
+    """RemoteSetupError, naming both versions, when NDIF would refuse this client: its Python
+    minor version must equal the server's (NDIF answers HTTP 400 otherwise; nnsight 0.8.1 also
+    ships code as bytecode), and nnsight must not be older than the server's."""
+    from packaging.version import InvalidVersion, Version
+
+    local_python = local_python or sys.version.split()[0]
+    local_nnsight = local_nnsight or nnsight.__version__
+    remote_python = str(env.get("python_version") or "").split()[0] if env else ""
+    if remote_python and remote_python.split(".")[:2] != local_python.split(".")[:2]:
+        minor = ".".join(remote_python.split(".")[:2])
+        raise RemoteSetupError(
+            f"{label} runs Python {remote_python}, this client Python {local_python}: NDIF refuses a client "
+            f"whose Python minor version differs", hint=f"run the workbench under Python {minor} for remote runs")
+    remote_nnsight = str((env.get("packages") or {}).get("nnsight") or "") if env else ""
+    try:
+        older = bool(remote_nnsight) and Version(local_nnsight) < Version(remote_nnsight)
+    except InvalidVersion:
+        older = False
+    if older:
+        raise RemoteSetupError(f"{label} runs nnsight {remote_nnsight}, this client nnsight {local_nnsight}",
+                               hint=f"install nnsight=={remote_nnsight}")
+
+
+def _get_json(config: RemoteConfig, path: str) -> Any:
     import httpx
 
-    timeout = httpx.Timeout(10.0, read=config.status_timeout_s)
-    response = httpx.get(f"{config.host}/status", timeout=timeout)
+    response = httpx.get(f"{config.host}{path}", timeout=httpx.Timeout(10.0, read=config.status_timeout_s))
     response.raise_for_status()
-    deployments = response.json().get("deployments", {}) or {}
-    return {value.get("model_key") or name: value for name, value in deployments.items()}
+    return response.json()
 
 
-def check_served(model: Any, config: RemoteConfig, log: Callable[[str], None] = print) -> None:
-    """Fail with ModelNotServedError, listing what is served, unless the server deploys `model`."""
-    key = model.model_key
+def served_models(config: RemoteConfig) -> dict[str, dict[str, Any]]:
+    """The server's deployments (GET /status, what `nnsight.status()` reads): deployment -> entry."""
+    return dict((_get_json(config, "/status") or {}).get("deployments", {}) or {})
+
+
+def _key_fields(key: str) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(key.split(":", 1)[1]) if ":" in key else {}
+    except ValueError:
+        return {}
+
+
+def _revision(value: Any) -> str:
+    return str(value) if value else "main"
+
+
+def find_deployment(model_key: str, deployments: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The deployed (HOT or WARM) entry serving `model_key`'s checkpoint: the same repo id and
+    revision (no revision = main), whatever class path or extra fields its key has (NDIF deploys
+    as `...LanguageModel:{"repo_id", "revision"}`; nnsight 0.8.1 builds `TransformersModel:{...,
+    "task"}`). An exact key match wins."""
+    ours = _key_fields(model_key)
+    candidates = []
+    for name, entry in deployments.items():
+        if entry.get("deployment_level", "HOT") not in _DEPLOYED_LEVELS:
+            continue
+        key = entry.get("model_key") or name
+        fields = _key_fields(key)
+        repo = entry.get("repo_id") or fields.get("repo_id")
+        revision = entry.get("revision") if "revision" in entry else fields.get("revision")
+        if key == model_key:
+            return {**entry, "model_key": key}
+        if repo == ours.get("repo_id") and _revision(revision) == _revision(ours.get("revision")):
+            candidates.append({**entry, "model_key": key})
+    return candidates[0] if candidates else None
+
+
+def served_key(model: Any, config: RemoteConfig, log: Callable[[str], None] = print) -> str:
+    """The key the server deploys `model` under; ModelNotServedError, listing what is served, if none."""
     deployments = with_retries(lambda: served_models(config), config, f"status of {config.label}", log)
-    entry = deployments.get(key)
-    if entry is not None and entry.get("deployment_level", "HOT") in _DEPLOYED_LEVELS:
+    entry = find_deployment(model.model_key, deployments)
+    if entry is not None:
         state = entry.get("application_state")
         if state and state != "RUNNING":
             log(f"{model.model_id}: deployed on {config.label} but {state}; jobs will queue until it runs")
-        return
-    served = sorted(
-        f"{v.get('repo_id', k)} (task {v.get('task') or '?'}, revision {v.get('revision') or 'main'}, "
-        f"{v.get('application_state', '?')})"
-        for k, v in deployments.items() if v.get("deployment_level", "HOT") in _DEPLOYED_LEVELS
-    )
-    repo = key.split(":", 1)[1] if ":" in key else key
-    listing = "\n  ".join(served) if served else "(none)"
+        return entry["model_key"]
+    served = sorted(status_rows(deployments), key=lambda r: r[0])
+    listing = "\n  ".join(f"{repo} (revision {rev}, task {task}, {state})" for repo, rev, task, _, state, _ in served)
+    fields = _key_fields(model.model_key)
     raise ModelNotServedError(
-        f"{model.model_id}: {config.label} does not serve this model (key {repo}). Served models:\n  {listing}\n"
-        "Pick a served model (`nnsight.status()` lists them) or run locally (backend: {kind: local})."
-    )
+        f"{model.model_id}: {config.label} does not serve this model (repo {fields.get('repo_id')}, revision "
+        f"{_revision(fields.get('revision'))}). Served models:\n  {listing or '(none)'}",
+        hint="pick a served model (`workbench ndif status` lists them) or run locally (backend: {kind: local})")
 
 
-_ENV_CHECKED: set[str] = set()
+def status_rows(deployments: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str, str, str]]:
+    """(repo id, revision, task, level, state, model class) of each deployed model."""
+    rows = []
+    for name, entry in deployments.items():
+        level = entry.get("deployment_level") or "?"
+        if level not in _DEPLOYED_LEVELS:
+            continue
+        key = entry.get("model_key") or name
+        fields = _key_fields(key)
+        model_class = key.split(":", 1)[0].split(".")[-1] if ":" in key else "-"
+        rows.append((str(entry.get("repo_id") or fields.get("repo_id") or name),
+                     _revision(entry.get("revision") or fields.get("revision")),
+                     str(entry.get("task") or fields.get("task") or "-"), level,
+                     str(entry.get("application_state") or "?"), model_class))
+    return sorted(rows)
 
 
-def _check_environment(config: RemoteConfig, log: Callable[[str], None]) -> None:
-    """Warn when the server's Python minor version differs from ours: dataclass-generated
-    methods travel as bytecode (see the module docstring). Silent if the server does not say.
-    Once per host and process."""
-    import httpx
-
-    if config.host in _ENV_CHECKED:
-        return
-    _ENV_CHECKED.add(config.host)
-    try:
-        response = httpx.get(f"{config.host}/env", timeout=httpx.Timeout(5.0, read=10.0))
-        response.raise_for_status()
-        remote = str(response.json().get("python_version", "")).split()[0]
-    except Exception:  # noqa: BLE001  (an older server, or none: the status check reports reachability)
-        return
-    local = sys.version.split()[0]
-    if remote and remote.split(".")[:2] != local.split(".")[:2]:
-        log(f"warning: {config.label} runs Python {remote}, this client {local}: code shipped to it includes "
-            "bytecode, which needs the same Python minor version; use a matching Python if jobs fail to load")
+def status_table(config: RemoteConfig) -> str:
+    """What `workbench ndif status` prints: the server's deployed models as a table."""
+    deployments = with_retries(lambda: served_models(config), config, f"status of {config.label}", lambda _: None)
+    rows = status_rows(deployments)
+    header = ("model", "revision", "task", "level", "state", "class")
+    if not rows:
+        return f"{config.label}: no model is deployed"
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [f"{config.label}: {len(rows)} deployed model(s)"]
+    lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
 
 
 def images_needed(plan: Any, names: list[str]) -> list[str]:

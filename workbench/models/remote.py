@@ -44,6 +44,7 @@ class RemoteModel:
         self.info = info
         self.arch = info.arch
         self.target = target
+        self.served_key: str | None = None
         # inputs are built on this CPU in float32; the server moves them to its device and dtype
         self.device, self.dtype = "cpu", torch.float32
         self.encoder = InputEncoder(info, self.device, self.dtype)
@@ -66,8 +67,10 @@ class RemoteModel:
 
     @property
     def model_key(self) -> str:
-        """The key the server knows this model by (class path, repo id, revision, task)."""
-        return self.lm.to_model_key()
+        """The key jobs are submitted under: the served deployment's own key once the backend
+        found it (`served_key`, matched by repo id and revision), else the key nnsight 0.8.1's
+        `LanguageModel` / `TransformersModel` forms for NDIF (class path, repo id, revision, task)."""
+        return self.served_key or self.lm.to_model_key()
 
     def describe(self) -> dict[str, Any]:
         config = getattr(self.lm._module, "config", None)

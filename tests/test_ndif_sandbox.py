@@ -1,0 +1,295 @@
+"""The remote backend against the SANDBOXED loopback server: NDIF's rules, enforced.
+
+The server (tests/ndif_server.py with `sandbox=`) runs each job in a separate process inside an
+import and builtin whitelist like NDIF's Protector (tests/ndif_sandbox.py), builds its models
+from NDIF-format keys (`nnsight.modeling.language.LanguageModel:{"repo_id", "revision"}`) with
+the deployment's own attention implementation, ignores per-request env, checks the client's
+Python and nnsight versions as NDIF does and enforces a job timeout. `workbench` is not
+installed there: everything the workbench runs travels by value and must pass the whitelist.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from ndif_server import LoopbackNDIF  # noqa: E402  (before nnsight: see its docstring)
+
+import nnsight  # noqa: E402
+import xarray as xr  # noqa: E402
+from nnsight import CONFIG  # noqa: E402
+from nnsight.intervention.backends.remote import RemoteError  # noqa: E402
+
+import workbench  # noqa: E402
+from workbench.backends import remote as remote_backend  # noqa: E402
+from workbench.backends.remote import (  # noqa: E402
+    RemoteAuthError,
+    RemoteConfig,
+    RemoteJobError,
+    RemoteRunError,
+    RemoteSetupError,
+    shipped_by_value,
+)
+from workbench.cli import main  # noqa: E402
+from workbench.models.model import model_info  # noqa: E402
+from workbench.models.remote import RemoteModel  # noqa: E402
+from workbench.runner import run_spec  # noqa: E402
+from workbench.spec import parse_spec  # noqa: E402
+
+from test_remote import conditions_for  # noqa: E402
+
+KEY = "wb-sandbox-key-51c0e9"
+BACKEND_ATTRS = {"provenance", "dtype", "device", "backend", "remote_target", "revision"}
+# every capture kind but attention, which is refused up front on NDIF (see test below)
+CAPTURES = "[{site: layer}, {site: keys}, {site: values}, {site: logits}, {site: embed}, {site: final_norm}]"
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
+                       "plan.py", "records.py", "models/architectures.py")
+WHITELIST_TOPS = {"torch", "numpy", "nnsight", "typing", "collections", "math", "time", "enum", "operator",
+                  "__future__", "warnings"}
+
+
+def ndif_key(name: str) -> str:
+    """The key NDIF deploys a model under (its CLI's key builder: class path, repo id, revision)."""
+    cls = "nnsight.modeling.vlm.VisionLanguageModel" if model_info(name).arch.is_multimodal else \
+        "nnsight.modeling.language.LanguageModel"
+    return f"{cls}:{json.dumps({'repo_id': model_info(name).path, 'revision': None})}"
+
+
+@pytest.fixture(scope="module")
+def sandboxed(workbench_cache):
+    previous = CONFIG.APP.REMOTE_LOGGING
+    CONFIG.APP.REMOTE_LOGGING = False
+    loaders = {}
+    for n in ("tiny-llama", "tiny-qwen3vl"):
+        info = model_info(n)
+        processor = ("workbench.models.tiny:load_processor", info.path, info.arch.family) if info.arch.is_multimodal else None
+        loaders[ndif_key(n)] = {"path": info.path, "multimodal": info.arch.is_multimodal, "processor": processor}
+    srv = LoopbackNDIF({}, api_key=KEY, hide_modules=("workbench", "analyses"), sandbox=loaders).start()
+    yield srv
+    srv.stop()
+    CONFIG.APP.REMOTE_LOGGING = previous
+
+
+@pytest.fixture(autouse=True)
+def _fresh(request, monkeypatch):
+    remote_backend._CHECKED.clear()
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    monkeypatch.setattr(CONFIG.API, "APIKEY", None)
+    if "sandboxed" in request.fixturenames:
+        srv = request.getfixturevalue("sandboxed")
+        srv.python_version = sys.version.split()[0]
+        srv.job_timeout_s = 3600.0
+    yield
+    remote_backend._CHECKED.clear()
+
+
+def cfg(server, **overrides) -> RemoteConfig:
+    return RemoteConfig(**{"target": server.url, "api_key": KEY, "backoff_s": 0.01, "max_tries": 2, **overrides})
+
+
+def spec_text(name: str, store: Path, captures: str = CAPTURES, extra: str = "") -> str:
+    return (f"name: sandbox-{name}\nmodels: [{name}]\ndata: {{source: builtin, n: 1}}\n"
+            f"conditions:{conditions_for(name)}\ncapture: {captures}\ngenerate: {{max_new_tokens: 2}}\n"
+            f"store: {{path: {store}}}\n{extra}")
+
+
+def run(text: str, remote, logs: list | None = None):
+    logs = [] if logs is None else logs
+    return run_spec(parse_spec(text), device="cpu", dtype="float32", progress=False, log=logs.append, remote=remote)
+
+
+def load(store: Path, model: str) -> xr.Dataset:
+    ds = workbench.open_store(store, model=model).load()
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in BACKEND_ATTRS}
+    return ds.reset_index(["token", "run"])
+
+
+# ------------------------------------------------------------------- same results, sandboxed
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3vl"])
+def test_every_intervention_and_capture_kind_through_the_sandbox_is_bitwise_local(sandboxed, tmp_path, name):
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    run(spec_text(name, local), remote=False)
+    before = len(sandboxed.requests_seen)
+    summary = run(spec_text(name, remote), remote=cfg(sandboxed))
+    assert summary.written == summary.total == len(conditions_for(name).strip().splitlines())
+    seen = sandboxed.requests_seen[before:]
+    assert len(seen) == 1 and seen[0]["model_key"] == ndif_key(name)  # found under NDIF's key format
+    xr.testing.assert_identical(load(local, name), load(remote, name))
+
+
+def test_depth_norms_spec_on_tiny_llama_through_the_sandbox(sandboxed, tmp_path):
+    text = (Path(workbench.__file__).parents[1] / "specs" / "depth_norms.yaml").read_text()
+    text = text.replace("models: [meta-llama/Llama-3.1-8B]", "models: [tiny-llama]")
+    text = text.replace("data: {source: builtin, n: 16}", "data: {source: builtin, n: 2}")
+    text = text.replace("store: {path: stores/depth_norms.zarr}", f"store: {{path: {tmp_path / 'd.zarr'}}}")
+    assert "models: [tiny-llama]" in text and "n: 2}" in text and "backend: {kind: remote}" in text
+    local_text = text.replace(str(tmp_path / "d.zarr"), str(tmp_path / "l.zarr"))
+    run(local_text, remote=False)
+    summary = run(text, remote=cfg(sandboxed))
+    assert summary.written == 2
+    xr.testing.assert_identical(load(tmp_path / "l.zarr", "tiny-llama"), load(tmp_path / "d.zarr", "tiny-llama"))
+
+
+# ------------------------------------------------------------------------------ contracts
+
+
+def test_sandbox_refuses_imports_outside_the_whitelist(sandboxed, monkeypatch):
+    """The fixture itself: an import in the request, and a class pickled by reference from a
+    module outside the whitelist (what a dataclass brings), are both refused; a whitelisted
+    import runs."""
+    import dataclasses
+
+    monkeypatch.setattr(CONFIG.API, "APIKEY", KEY)
+    client = RemoteModel(model_info("tiny-llama"))
+    client.served_key = ndif_key("tiny-llama")
+    with pytest.raises(RemoteError, match="Module re is not whitelisted"):
+        with client.lm.session(backend=remote_backend._remote_backend(client, cfg(sandboxed))):
+            import re  # noqa: F401
+
+            out = nnsight.save(1)
+    field = dataclasses.field(default=1)
+    with pytest.raises(RemoteError, match="Module dataclasses is not whitelisted"):
+        with client.lm.session(backend=remote_backend._remote_backend(client, cfg(sandboxed))):
+            out = nnsight.save(repr(field))
+    backend = remote_backend._remote_backend(client, cfg(sandboxed))
+    with client.lm.session(backend=backend):
+        import math
+
+        out = nnsight.save(math.sqrt(16.0))
+    assert backend.result["out"] == 4.0
+
+
+def test_server_side_modules_import_only_whitelisted_modules():
+    """Static half of the contract: every module whose code travels imports only modules NDIF
+    allows (or workbench modules that obey the same rule)."""
+    import ast
+
+    root = Path(workbench.__file__).parent
+    for rel in SERVER_SIDE_MODULES:
+        tree = ast.parse((root / rel).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in WHITELIST_TOPS | {"re"} and (name != "re" or rel == "models/architectures.py"), (rel, name)
+
+
+def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp_path):
+    """The server says 3.12 (as NDIF): the workbench refuses before submitting or creating the
+    store, naming both versions; the server itself refuses such a client with HTTP 400."""
+    import httpx
+
+    sandboxed.python_version = "3.12.3" if not sys.version.startswith("3.12") else "3.11.9"
+    store = tmp_path / "s.zarr"
+    before = len(sandboxed.requests_seen)
+    with pytest.raises(RemoteSetupError) as info:
+        run(spec_text("tiny-llama", store), remote=cfg(sandboxed))
+    message = str(info.value)
+    assert f"Python {sandboxed.python_version}" in message and f"Python {sys.version.split()[0]}" in message
+    assert info.value.exit_code == 2 and "Python 3.1" in info.value.hint
+    assert not store.exists() and len(sandboxed.requests_seen) == before
+    answer = httpx.post(f"{sandboxed.url}/request", headers={"ndif-api-key": KEY, "nnsight-version": "0.8.1",
+                                                            "python-version": sys.version},
+                        files={"blob": b"x"}, data={"data": json.dumps({"model_key": ndif_key("tiny-llama")})})
+    assert answer.status_code == 400 and "does not match server version" in answer.json()["detail"]
+
+
+def test_model_served_under_ndif_key_is_found_by_repo_and_revision(sandboxed):
+    client = RemoteModel(model_info("tiny-llama"))
+    assert client.model_key.startswith("nnsight.modeling.transformers.TransformersModel:")  # nnsight 0.8.1's own
+    deployments = remote_backend.served_models(cfg(sandboxed))
+    assert client.model_key not in {d["model_key"] for d in deployments.values()}  # no exact string match
+    assert remote_backend.served_key(client, cfg(sandboxed)) == ndif_key("tiny-llama")
+    other = {"d": {**next(iter(deployments.values())), "revision": "abc123"}}
+    assert remote_backend.find_deployment(client.model_key, {"d": {**other["d"], "repo_id": "x/y"}}) is None
+    assert remote_backend.find_deployment(client.model_key, other) is None  # another revision
+
+
+def test_attention_capture_is_refused_up_front(sandboxed, tmp_path):
+    """Measured: the sandbox (like NDIF) applies no per-request attn_implementation, and its
+    sdpa deployment returns no attention probabilities (the trace reads None); so the spec is
+    refused before anything is submitted or stored."""
+    store = tmp_path / "s.zarr"
+    client = RemoteModel(model_info("tiny-llama"), attn="eager")  # asks for eager in its env
+    client.served_key = ndif_key("tiny-llama")
+    backend = remote_backend._remote_backend(client, cfg(sandboxed))
+    with client.lm.session(backend=backend):
+        with client.lm.trace("The tower is"):
+            probs = nnsight.save(client.lm.model.layers[0].self_attn.output[1])
+    assert backend.result["probs"] is None
+    before = len(sandboxed.requests_seen)
+    with pytest.raises(RemoteSetupError, match="attention probabilities cannot be captured on NDIF"):
+        run(spec_text("tiny-llama", store, captures="[{site: attention}, {site: logits}]"), remote=cfg(sandboxed))
+    assert not store.exists() and len(sandboxed.requests_seen) == before
+
+
+# ------------------------------------------------------------------------------ fail fast
+
+
+def test_missing_key_fails_before_any_connection(tmp_path, capsys):
+    store = tmp_path / "s.zarr"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text("tiny-llama", store, captures="[{site: layer}]"))
+    # port 9 (discard) on loopback: nothing listens; a connection attempt would be a different error
+    assert main(["run", str(spec), "--remote", "http://127.0.0.1:9", "--no-progress", "--no-table"]) == 2
+    err = capsys.readouterr().err
+    assert "no NDIF API key" in err and "NDIF_API_KEY" in err
+    assert not store.exists()
+
+
+def test_dns_failure_is_permanent_and_leaves_nothing(tmp_path):
+    store = tmp_path / "s.zarr"
+    logs: list[str] = []
+    with pytest.raises(RemoteRunError, match="cannot resolve the server's host name"):
+        run(spec_text("tiny-llama", store, captures="[{site: layer}]"),
+            remote=RemoteConfig(target="http://ndif.invalid", api_key=KEY, max_tries=5, backoff_s=5), logs=logs)
+    assert not any("retry" in line for line in logs) and not store.exists()
+
+
+@pytest.mark.parametrize("body, kind, text", [
+    ("Missing or invalid API key. Please visit https://login.ndif.us/", RemoteAuthError, "refused the API key"),
+    ("Forbidden: request quota exceeded for this network", RemoteRunError, "refused the request (HTTP 403)"),
+])
+def test_403_is_classified_by_its_body(sandboxed, tmp_path, body, kind, text):
+    sandboxed.forbid_next_requests, sandboxed.forbid_body = 1, body
+    with pytest.raises(kind, match=r"HTTP 403") as info:
+        run(spec_text("tiny-llama", tmp_path / "s.zarr", captures="[{site: layer}]"), remote=cfg(sandboxed))
+    assert text in str(info.value) and type(info.value) is kind
+
+
+def test_ndif_status_lists_what_is_served(sandboxed, capsys, monkeypatch):
+    monkeypatch.setenv("NDIF_HOST", sandboxed.url)
+    assert main(["ndif", "status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("2 deployed model(s)")
+    assert out[1].split() == ["model", "revision", "task", "level", "state", "class"]
+    rows = [line.split() for line in out[2:]]
+    assert {r[0] for r in rows} == {model_info("tiny-llama").path, model_info("tiny-qwen3vl").path}
+    assert {r[-1] for r in rows} == {"LanguageModel", "VisionLanguageModel"} and all(r[4] == "RUNNING" for r in rows)
+
+
+def test_job_timeout_ends_the_job(sandboxed, monkeypatch):
+    """Last: the timeout kills the executor process (a fresh one serves later jobs)."""
+    monkeypatch.setattr(CONFIG.API, "APIKEY", KEY)
+    sandboxed.job_timeout_s = 1.0
+    client = RemoteModel(model_info("tiny-llama"))
+    client.served_key = ndif_key("tiny-llama")
+    with pytest.raises(RemoteError, match="Job took longer than timeout: 1 seconds"):
+        with client.lm.session(backend=remote_backend._remote_backend(client, cfg(sandboxed))):
+            import time
+
+            time.sleep(30)
+            out = nnsight.save(1)
