@@ -407,7 +407,7 @@ class LoopbackNDIF:
 
             local = get_local_env()
             packages = {k: v for k, v in local["packages"].items() if v != "local"}
-            return {"python_version": local["python_version"], "packages": packages}
+            return {"python_version": server.python_version, "packages": packages}
 
         @app.websocket("/subscribe")
         async def subscribe(websocket: WebSocket) -> None:

@@ -86,6 +86,7 @@ def _fresh(request, monkeypatch):
         srv = request.getfixturevalue("sandboxed")
         srv.python_version = sys.version.split()[0]
         srv.job_timeout_s = 3600.0
+        srv.forbid_next_requests = 0
     yield
     remote_backend._CHECKED.clear()
 
@@ -98,6 +99,11 @@ def spec_text(name: str, store: Path, captures: str = CAPTURES, extra: str = "")
     return (f"name: sandbox-{name}\nmodels: [{name}]\ndata: {{source: builtin, n: 1}}\n"
             f"conditions:{conditions_for(name)}\ncapture: {captures}\ngenerate: {{max_new_tokens: 2}}\n"
             f"store: {{path: {store}}}\n{extra}")
+
+
+def simple_spec(store: Path, captures: str = "[{site: layer}]") -> str:
+    return (f"name: sandbox-simple\nmodels: [tiny-llama]\ndata: {{source: builtin, n: 1}}\n"
+            f"conditions:\n  baseline: {{}}\ncapture: {captures}\nstore: {{path: {store}}}\n")
 
 
 def run(text: str, remote, logs: list | None = None):
@@ -196,7 +202,7 @@ def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp
     store = tmp_path / "s.zarr"
     before = len(sandboxed.requests_seen)
     with pytest.raises(RemoteSetupError) as info:
-        run(spec_text("tiny-llama", store), remote=cfg(sandboxed))
+        run(simple_spec(store), remote=cfg(sandboxed))
     message = str(info.value)
     assert f"Python {sandboxed.python_version}" in message and f"Python {sys.version.split()[0]}" in message
     assert info.value.exit_code == 2 and "Python 3.1" in info.value.hint
@@ -225,14 +231,14 @@ def test_attention_capture_is_refused_up_front(sandboxed, tmp_path):
     store = tmp_path / "s.zarr"
     client = RemoteModel(model_info("tiny-llama"), attn="eager")  # asks for eager in its env
     client.served_key = ndif_key("tiny-llama")
-    backend = remote_backend._remote_backend(client, cfg(sandboxed))
-    with client.lm.session(backend=backend):
-        with client.lm.trace("The tower is"):
-            probs = nnsight.save(client.lm.model.layers[0].self_attn.output[1])
+    backend, lm = remote_backend._remote_backend(client, cfg(sandboxed)), client.lm
+    with lm.session(backend=backend):
+        with lm.trace("The tower is"):
+            probs = nnsight.save(lm.model.layers[0].self_attn.output[1])
     assert backend.result["probs"] is None
     before = len(sandboxed.requests_seen)
     with pytest.raises(RemoteSetupError, match="attention probabilities cannot be captured on NDIF"):
-        run(spec_text("tiny-llama", store, captures="[{site: attention}, {site: logits}]"), remote=cfg(sandboxed))
+        run(simple_spec(store, captures="[{site: attention}, {site: logits}]"), remote=cfg(sandboxed))
     assert not store.exists() and len(sandboxed.requests_seen) == before
 
 
@@ -242,7 +248,7 @@ def test_attention_capture_is_refused_up_front(sandboxed, tmp_path):
 def test_missing_key_fails_before_any_connection(tmp_path, capsys):
     store = tmp_path / "s.zarr"
     spec = tmp_path / "spec.yaml"
-    spec.write_text(spec_text("tiny-llama", store, captures="[{site: layer}]"))
+    spec.write_text(simple_spec(store))
     # port 9 (discard) on loopback: nothing listens; a connection attempt would be a different error
     assert main(["run", str(spec), "--remote", "http://127.0.0.1:9", "--no-progress", "--no-table"]) == 2
     err = capsys.readouterr().err
@@ -254,7 +260,7 @@ def test_dns_failure_is_permanent_and_leaves_nothing(tmp_path):
     store = tmp_path / "s.zarr"
     logs: list[str] = []
     with pytest.raises(RemoteRunError, match="cannot resolve the server's host name"):
-        run(spec_text("tiny-llama", store, captures="[{site: layer}]"),
+        run(simple_spec(store),
             remote=RemoteConfig(target="http://ndif.invalid", api_key=KEY, max_tries=5, backoff_s=5), logs=logs)
     assert not any("retry" in line for line in logs) and not store.exists()
 
@@ -266,7 +272,7 @@ def test_dns_failure_is_permanent_and_leaves_nothing(tmp_path):
 def test_403_is_classified_by_its_body(sandboxed, tmp_path, body, kind, text):
     sandboxed.forbid_next_requests, sandboxed.forbid_body = 1, body
     with pytest.raises(kind, match=r"HTTP 403") as info:
-        run(spec_text("tiny-llama", tmp_path / "s.zarr", captures="[{site: layer}]"), remote=cfg(sandboxed))
+        run(simple_spec(tmp_path / "s.zarr"), remote=cfg(sandboxed))
     assert text in str(info.value) and type(info.value) is kind
 
 
