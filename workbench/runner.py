@@ -186,7 +186,9 @@ def run_spec(
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
                 bar.set_description(f"loading {model_id}")
-                attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
+                # attention probabilities are computed from q and k (capture.attention_probabilities),
+                # under the implementation NDIF also runs: no eager switch, locally or remotely
+                attn = "sdpa"
                 model = remote_models.get(model_id) or _load_model(plan, device, dtype, attn, remote_config, note)
                 store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)

@@ -328,21 +328,11 @@ def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
     return model
 
 
-ATTENTION_REFUSED = (
-    "attention probabilities cannot be captured on NDIF: the server runs each model with the attention "
-    "implementation it was deployed with (sdpa, which returns no probabilities) and applies no per-request "
-    "attn_implementation")
-
-
 def prepare_remote(plans: list[Any], config: RemoteConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every check a remote run makes before its store is touched: attention captures refused,
-    the API key, the versions, each model served. Returns model id -> its `RemoteModel`."""
+    """Every check a remote run makes before its store is touched: the API key, the versions,
+    each model served. Returns model id -> its `RemoteModel`."""
     if config.simulated:
         return {}
-    for plan in plans:
-        if plan.capture.attention is not None:
-            raise RemoteSetupError(f"{plan.info.model_id}: {ATTENTION_REFUSED}",
-                                   hint="drop {site: attention} from capture for remote runs, or run locally")
     require_key(config)
     return {plan.info.model_id: load_remote_model(plan.info, config, log=log) for plan in plans}
 

@@ -24,13 +24,17 @@ class Architecture(Record):
     boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
       (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
     text_config: sub-config holding the LLM dims; quirks: per-family flags
+    attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
+      self-attention forward, whose inputs (q, k, mask) give the attention probabilities
+      (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)
     A `Record`: it travels to NDIF servers inside the plan."""
 
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "projector", "projector_merger", "image_token", "boundary_tokens",
-               "boundary_patterns", "text_config", "quirks")
+               "boundary_patterns", "text_config", "quirks", "attention_call")
     _defaults = {"vision": None, "projector": (), "projector_merger": None, "image_token": None,
-                 "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config"}
+                 "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
+                 "attention_call": "attention_interface_1"}
     _factories = {"quirks": dict}
 
     @property
