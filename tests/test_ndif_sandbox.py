@@ -289,6 +289,7 @@ def test_403_is_classified_by_its_body(sandboxed, tmp_path, body, kind, text):
     with pytest.raises(kind, match=r"HTTP 403") as info:
         run(simple_spec(tmp_path / "s.zarr"), remote=cfg(sandboxed))
     assert text in str(info.value) and type(info.value) is kind
+    assert not (tmp_path / "s.zarr").exists()  # refused at the first job: nothing on disk
 
 
 def test_ndif_status_lists_what_is_served(sandboxed, capsys, monkeypatch):

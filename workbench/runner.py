@@ -12,6 +12,7 @@ import importlib.metadata as _md
 import itertools
 import platform
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -152,6 +153,15 @@ def run_spec(
 
         # the key, versions and served models are checked before the store is created or opened
         remote_models = prepare_remote(plans, remote_config, log)
+    # a new store is created only once the first remote result is in: a run that fails at its
+    # first job (a refused request, an error in the trace) leaves nothing on disk
+    first = None
+    if remote_models and samples and not Path(spec.store.path).exists():
+        plan, sample = plans[0], samples[0]
+        first = ((plan.info.model_id, sample.id), _execute_sample(
+            remote_models[plan.info.model_id], LazyInputs(remote_models[plan.info.model_id], sample),
+            list(plan.conditions), plan, remote_config, tqdm(disable=True), log))
+        first = (first[0], list(first[1]))
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
         summary.repairs = store.repairs
@@ -193,7 +203,11 @@ def run_spec(
                 store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]
-            for condition, result in _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note):
+            if first is not None and first[0] == (model_id, sample.id):
+                results, first = first[1], None  # run before the store existed (see above)
+            else:
+                results = _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note)
+            for condition, result in results:
                 inputs = inputs_by_image[condition.image]
                 variables = sample_variables(inputs, result, plan.capture.coords())
                 problems = nonfinite_report(variables)
