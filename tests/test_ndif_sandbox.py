@@ -212,6 +212,12 @@ def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp
                                                             "python-version": sys.version},
                         files={"blob": b"x"}, data={"data": json.dumps({"model_key": ndif_key("tiny-llama")})})
     assert answer.status_code == 400 and "does not match server version" in answer.json()["detail"]
+    # a server without /env: the workbench learns it from the server's own refusal, and says so
+    remote_backend._CHECKED[sandboxed.url] = {}
+    with pytest.raises(RemoteSetupError, match=r"refused this client's versions \(Python 3\.11") as info:
+        run(simple_spec(store), remote=cfg(sandboxed))
+    assert "does not match server version" in str(info.value) and info.value.exit_code == 2
+    assert not store.exists()
 
 
 def test_model_served_under_ndif_key_is_found_by_repo_and_revision(sandboxed):

@@ -1,37 +1,37 @@
-"""The remote backend: the same plan, executed on an NDIF server through nnsight remote execution.
+"""The remote backend, client side: the same plan, executed on an NDIF server through nnsight
+remote execution. What runs THERE is `workbench.backends.ndif_job` (and what it reaches).
 
 What runs where:
 - here (the client): the spec, the plan, the prompts encoded with the model's own processor
-  (`RemoteModel`, no weights), the served-model check, retries, and the store;
-- there (the server): ONE job per sample, an nnsight session whose body calls `_server_run`: for
-  each of the sample's conditions not yet stored, the local backend's `run_condition` as is
-  (source conditions for `patch` / `add direction_from`, greedy decode steps, `kv_swap`), against
-  the server's model. Captures are moved to CPU and cast to float32 inside the traces (as locally);
-  only they come back, per condition. Values read to feed another condition stay on the server.
+  (`RemoteModel`, no weights), the checks before the first job (`prepare_remote`: API key,
+  Python and nnsight versions against the server's `/env`, the served deployment matched by
+  repo id and revision in `/status`), retries, and the store;
+- there (the server): ONE job per sample, an nnsight session whose body calls
+  `ndif_job.server_run`: for each of the sample's conditions not yet stored, the local
+  backend's `run_condition` as is (source conditions for `patch` / `add direction_from`, greedy
+  decode steps, `kv_swap`, whose KV caches never leave the server), against the server's model.
+  Captures are moved to CPU and cast to float32 inside the traces (as locally); only they come
+  back, per condition.
 
 How the code gets there: nnsight serializes the session body with cloudpickle, functions by
-their source. `workbench` is installed here but not on NDIF, so while a job is serialized the
-package is registered for pickling by value (`cloudpickle.register_pickle_by_value`): every
-workbench function and class the body reaches travels in the payload (the plan's dataclasses,
-the interventions' `apply`, the readers' `read`, `run_condition` and its helpers). Two patterns
-do not survive that trip and are handled here: a function wrapped by a decorator using
+their source. `workbench` is not installed on NDIF, so while a job is serialized the package is
+registered for pickling by value (`cloudpickle.register_pickle_by_value`): every workbench
+function and class the body reaches travels in the payload. NDIF unpickles and runs it inside a
+module and builtin whitelist (FIELD-NOTES "NDIF's server sandbox"), which is why that code uses
+`Record`s, not dataclasses, and imports only torch, numpy, nnsight and typing (see
+`ndif_job`). Two more patterns do not survive the trip: a function wrapped by a decorator using
 `functools.wraps` (nnsight reads the wrapped function's source but keeps the wrapper's globals),
-so `run_condition` travels undecorated and `_server_run` enters inference mode itself; and a
-function-level relative import (`from .x import y` inside a function has no package on the
-server), which code that runs server-side must not use (a contract test scans for it).
-Dataclass-generated methods (`__init__`, `__eq__`, ...) have no source file and travel as
-bytecode, so the client's Python minor version must match the server's (checked, warned).
-
-KV swap: the transformers `DynamicCache` never crosses the wire. `run_condition` runs whole on the
-server, so the donor's cache, the hybrid cache and the decode step share one process, exactly as
-locally; the job returns the captures only.
+so `run_condition` travels undecorated and `server_run` enters inference mode itself; and a
+function-level relative import (no package on the server). Contract tests check all of it
+(tests/test_remote.py, tests/test_ndif_sandbox.py).
 
 Faults: transient ones (connection refused or dropped, HTTP 5xx/429, a websocket cut, a job lost
 while polling, timeouts) are retried with exponential backoff up to `max_tries` submissions of the
-sample; permanent ones (a refused API key, a model the server does not serve, an error inside the
-trace) stop the run at once with a `RemoteRunError`. Either way every sample already written stays
-in the store and a rerun resumes after it. The API key never enters the payload, the store,
-provenance, logs or error messages (messages are scrubbed).
+sample; permanent ones (a refused API key, a 403, a host name that does not resolve, a model the
+server does not serve, a refused version, an error inside the trace) stop the run at once with a
+`RemoteRunError`. Either way every sample already written stays in the store and a rerun resumes
+after it. The API key never enters the payload, the store, provenance, logs or error messages
+(messages are scrubbed).
 """
 
 from __future__ import annotations
@@ -211,6 +211,10 @@ def _http_fault(code: int, detail: str) -> _Fault:
     lowered = detail.lower()
     if code == 401 or (code == 403 and any(marker in lowered for marker in _KEY_REFUSED)):
         return _Fault(False, RemoteAuthError, f"the server refused the API key (HTTP {code}): {detail}")
+    if code == 400 and "version" in lowered and ("python" in lowered or "nnsight" in lowered):
+        # NDIF's version rule (its api dependencies.py), when no /env told us before submitting
+        return _Fault(False, RemoteSetupError, f"the server refused this client's versions (Python "
+                      f"{sys.version.split()[0]}, nnsight {nnsight.__version__}): {detail}")
     if code == 403 and any(marker in lowered for marker in _NOT_SERVED):
         return _Fault(False, ModelNotServedError, f"the server does not serve this model (HTTP 403): {detail}")
     if code == 403:
@@ -356,8 +360,12 @@ def preflight(config: RemoteConfig, log: Callable[[str], None] = print) -> dict:
     require_key(config)
     if config.host in _CHECKED:
         return _CHECKED[config.host]
-    env = with_retries(lambda: _get_json(config, "/env"), config, f"environment of {config.label}", log)
-    check_versions(env, config.label)
+    env = with_retries(lambda: _get_env(config), config, f"environment of {config.label}", log)
+    if env:
+        check_versions(env, config.label)
+    else:
+        log(f"{config.label} does not report its Python and nnsight versions; the server checks them "
+            "when the first job is submitted")
     _CHECKED[config.host] = env
     return env
 
@@ -384,6 +392,18 @@ def check_versions(env: dict, label: str, local_python: str | None = None, local
     if older:
         raise RemoteSetupError(f"{label} runs nnsight {remote_nnsight}, this client nnsight {local_nnsight}",
                                hint=f"install nnsight=={remote_nnsight}")
+
+
+def _get_env(config: RemoteConfig) -> dict:
+    """GET /env (what `nnsight.compare()` reads); {} from a server that has no such endpoint."""
+    import httpx
+
+    try:
+        return dict(_get_json(config, "/env") or {})
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code in (404, 405):
+            return {}
+        raise
 
 
 def _get_json(config: RemoteConfig, path: str) -> Any:

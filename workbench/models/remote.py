@@ -1,16 +1,9 @@
-"""A model that runs on an NDIF server: its client half (`RemoteModel`) and server half (`ServerModel`).
+"""A model that runs on an NDIF server, client half: `RemoteModel`.
 
-`RemoteModel` lives here, on the client. It holds no weights: `lm` is an nnsight
-`TransformersModel` built for the checkpoint on the meta device (config only, no download of the
-weights), so its remote key names the deployment on the server; the processor/tokenizer encodes
-prompts here exactly as `WorkbenchModel` does (same `InputEncoder`).
-
-`ServerModel` is what travels to the server inside a remote job: the nnsight model (which pickles
-as references to the server's live modules, never as weights) and the `ModelInfo`, with the same
-site surface the backends use on a `WorkbenchModel` (`lm`, `arch`, `info`, `n_layers`, `module`,
-`decoder_layers`, `prepare`, `text_embedding_norm`, `hf`, `device`, `dtype`). Its methods run on
-the server against the real module; it must stay free of client-only dependencies (PIL, the
-processor, zarr), since the server has only torch, numpy, transformers and nnsight installed.
+It holds no weights: `lm` is an nnsight `TransformersModel` built for the checkpoint on the meta
+device (config only, no download of the weights), so its remote key names the checkpoint; the
+processor/tokenizer encodes prompts here exactly as `WorkbenchModel` does (same `InputEncoder`).
+The half that travels to the server is `workbench.backends.ndif_job.ServerModel`.
 """
 
 from __future__ import annotations
