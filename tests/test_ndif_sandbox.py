@@ -277,6 +277,21 @@ def test_missing_key_fails_before_any_connection(tmp_path, capsys):
     assert not store.exists()
 
 
+def test_remote_settings_from_the_environment(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("WORKBENCH_REMOTE_TRIES", "3")
+    monkeypatch.setenv("WORKBENCH_REMOTE_POLL", "1")
+    monkeypatch.setenv("WORKBENCH_REMOTE_BACKOFF_S", "")  # empty = default
+    config = RemoteConfig.from_env("http://127.0.0.1:9")
+    assert (config.max_tries, config.blocking, config.backoff_s) == (3, False, RemoteConfig.backoff_s)
+    monkeypatch.setenv("WORKBENCH_REMOTE_TRIES", "0")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(simple_spec(tmp_path / "s.zarr"))
+    assert main(["run", str(spec), "--remote", "http://127.0.0.1:9", "--no-progress", "--no-table"]) == 2
+    err = capsys.readouterr().err
+    assert "WORKBENCH_REMOTE_TRIES='0'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s.zarr").exists()
+
+
 def test_dns_failure_is_permanent_and_leaves_nothing(tmp_path):
     store = tmp_path / "s.zarr"
     logs: list[str] = []

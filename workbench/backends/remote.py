@@ -41,10 +41,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import nnsight
-import torch
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..errors import BadInputError, RemoteError
 from .local import RunResult
@@ -58,6 +59,30 @@ _NOT_SERVED = ("not a scheduled model", "is not served", "hotswapping is not sup
 
 
 # --------------------------------------------------------------------------- configuration
+
+
+class RemoteEnv(BaseSettings):
+    """WORKBENCH_REMOTE_TRIES (submissions per sample, >= 1), WORKBENCH_REMOTE_BACKOFF_S (first
+    wait between tries), WORKBENCH_REMOTE_POLL (1 = poll for results instead of a websocket),
+    WORKBENCH_REMOTE_CHECK_SERVED (0 = skip the served-model check); unset or empty = default."""
+
+    model_config = SettingsConfigDict(env_prefix="WORKBENCH_REMOTE_", env_ignore_empty=True, extra="ignore")
+
+    tries: Optional[int] = Field(default=None, ge=1)
+    backoff_s: Optional[float] = Field(default=None, ge=0)
+    poll: Optional[bool] = None
+    check_served: Optional[bool] = None
+
+    @classmethod
+    def read(cls) -> "RemoteEnv":
+        import pydantic
+
+        try:
+            return cls()
+        except pydantic.ValidationError as error:
+            problems = "; ".join(f"WORKBENCH_REMOTE_{str(e['loc'][0]).upper()}={e.get('input')!r}: {e['msg']}"
+                                 for e in error.errors())
+            raise BadInputError(f"bad remote setting: {problems}") from None
 
 
 @dataclass
@@ -88,18 +113,18 @@ class RemoteConfig:
 
     @classmethod
     def from_env(cls, target: bool | str = True, **overrides: Any) -> "RemoteConfig":
-        """Defaults overridden by WORKBENCH_REMOTE_TRIES, WORKBENCH_REMOTE_BACKOFF_S,
-        WORKBENCH_REMOTE_POLL (1 = poll instead of a websocket), WORKBENCH_REMOTE_CHECK_SERVED (0 = skip)."""
-        env = os.environ
+        """Defaults overridden by the WORKBENCH_REMOTE_* environment (`RemoteEnv`), then by
+        `overrides`. A malformed value is bad input (one message naming the variable)."""
         values: dict[str, Any] = {}
-        if env.get("WORKBENCH_REMOTE_TRIES"):
-            values["max_tries"] = max(1, int(env["WORKBENCH_REMOTE_TRIES"]))
-        if env.get("WORKBENCH_REMOTE_BACKOFF_S"):
-            values["backoff_s"] = float(env["WORKBENCH_REMOTE_BACKOFF_S"])
-        if env.get("WORKBENCH_REMOTE_POLL"):
-            values["blocking"] = env["WORKBENCH_REMOTE_POLL"].strip().lower() in ("0", "false", "no", "")
-        if env.get("WORKBENCH_REMOTE_CHECK_SERVED"):
-            values["check_served"] = env["WORKBENCH_REMOTE_CHECK_SERVED"].strip().lower() not in ("0", "false", "no")
+        env = RemoteEnv.read()
+        if env.tries is not None:
+            values["max_tries"] = env.tries
+        if env.backoff_s is not None:
+            values["backoff_s"] = env.backoff_s
+        if env.poll is not None:
+            values["blocking"] = not env.poll
+        if env.check_served is not None:
+            values["check_served"] = env.check_served
         return cls(target=target, **{**values, **overrides})
 
     @classmethod
@@ -287,25 +312,34 @@ def _tail(text: str, lines: int = 3) -> str:
 def with_retries(attempt: Callable[[], Any], config: RemoteConfig, what: str,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> Any:
     """Call `attempt` until it succeeds, a permanent fault occurs, or `config.max_tries` calls
-    failed on transient faults (then RemoteUnavailableError). Messages name `what`, never the key."""
-    key, delay = config.key(), config.backoff_s
-    tries = max(1, int(config.max_tries))
-    for n in range(1, tries + 1):
-        try:
-            return attempt()
-        except RemoteRunError:
-            raise
-        except Exception as error:  # noqa: BLE001  (classified below; KeyboardInterrupt passes)
-            fault = classify(error)
-            message = scrub(fault.message, key)
-            if not fault.transient:
-                raise fault.kind(f"{what}: {message}") from None
-            if n == tries:
-                raise RemoteUnavailableError(f"{what}: {message} (gave up after {tries} tries)") from None
-            log(f"{what}: {message.splitlines()[0]}; retry {n + 1} of {tries} in {delay:.3g}s")
-            sleep(delay)
-            delay = min(delay * 2, config.max_backoff_s)
-    raise AssertionError("unreachable")
+    failed on transient faults (then RemoteUnavailableError), waiting `backoff_s`, doubling up
+    to `max_backoff_s`, between calls (tenacity). Messages name `what`, never the key."""
+    import tenacity
+
+    key, tries = config.key(), max(1, int(config.max_tries))
+
+    def transient(error: BaseException) -> bool:
+        return isinstance(error, Exception) and not isinstance(error, RemoteRunError) and classify(error).transient
+
+    def announce(state: tenacity.RetryCallState) -> None:
+        message = scrub(classify(state.outcome.exception()).message, key)
+        log(f"{what}: {message.splitlines()[0]}; retry {state.attempt_number + 1} of {tries} "
+            f"in {state.next_action.sleep:.3g}s")
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(tries),
+        wait=tenacity.wait_exponential(multiplier=config.backoff_s, max=config.max_backoff_s),
+        retry=tenacity.retry_if_exception(transient), before_sleep=announce, sleep=sleep, reraise=True)
+    try:
+        return retrying(attempt)
+    except RemoteRunError:
+        raise
+    except Exception as error:  # noqa: BLE001  (classified below; KeyboardInterrupt passes)
+        fault = classify(error)
+        message = scrub(fault.message, key)
+        if not fault.transient:
+            raise fault.kind(f"{what}: {message}") from None
+        raise RemoteUnavailableError(f"{what}: {message} (gave up after {tries} tries)") from None
 
 
 # --------------------------------------------------------------------------- checks before the first job
