@@ -33,6 +33,18 @@ when ``drop_mode = "close"``; non-blocking: the job is forgotten, so polls answe
 a bad key), ``served`` (keys reported by /status; any other key gets the real NDIF's "not a
 scheduled model" ERROR after RECEIVED).
 
+Sandboxed mode (``sandbox={model key: {"path", "multimodal", "processor", "attn"}}``), the faithful
+one: each job runs in a separate process (tests/ndif_sandbox.py) that unpickles and executes it
+inside an import and builtin whitelist like NDIF's Protector, on models it builds itself from
+NDIF-format keys (``nnsight.modeling.language.LanguageModel:{"repo_id", "revision"}``) with the
+deployment's attention implementation; per-request ``env`` is ignored, as NDIF ignores it; a job
+past ``job_timeout_s`` ends in ERROR (its process is killed; a new one serves the next job). In
+both modes ``/request`` refuses a client whose Python minor version differs from
+``python_version`` (HTTP 400, NDIF's rule), ``/env`` reports ``python_version``, and ``/status``
+lists deployments keyed by deployment with ``repo_id``, ``revision``, ``dedicated``, ``config`` and
+``n_params``. The in-process mode below (models given as live objects) applies the request's env,
+which NDIF does not: it serves the client-side contract tests and the fault drills.
+
 User code the server does not have: ``hide_modules=("workbench", ...)`` makes the server behave
 as a real NDIF does, where only torch, nnsight, transformers, numpy, ... are installed. While a
 request is deserialized, executed and its result serialized, the executor thread cannot import a

@@ -150,9 +150,9 @@ def test_depth_norms_spec_on_tiny_llama_through_the_sandbox(sandboxed, tmp_path)
 
 
 def test_sandbox_refuses_imports_outside_the_whitelist(sandboxed, monkeypatch):
-    """The fixture itself: an import in the request, and a class pickled by reference from a
-    module outside the whitelist (what a dataclass brings), are both refused; a whitelisted
-    import runs."""
+    """The fixture itself: an import in the request, a class pickled by reference from a module
+    outside the whitelist (what a dataclass brings) and a deleted builtin (`open`) are refused;
+    a whitelisted import runs."""
     import dataclasses
 
     monkeypatch.setattr(CONFIG.API, "APIKEY", KEY)
@@ -167,6 +167,9 @@ def test_sandbox_refuses_imports_outside_the_whitelist(sandboxed, monkeypatch):
     with pytest.raises(RemoteError, match="Module dataclasses is not whitelisted"):
         with client.lm.session(backend=remote_backend._remote_backend(client, cfg(sandboxed))):
             out = nnsight.save(repr(field))
+    with pytest.raises(RemoteError, match="name 'open' is not defined"):  # builtins outside the whitelist
+        with client.lm.session(backend=remote_backend._remote_backend(client, cfg(sandboxed))):
+            out = nnsight.save(open("/etc/hostname").read())
     backend = remote_backend._remote_backend(client, cfg(sandboxed))
     with client.lm.session(backend=backend):
         import math

@@ -275,7 +275,8 @@ def test_contract_nnsight_pieces_the_backend_uses():
     assert not hasattr(remote_backend._run_condition, "__wrapped__")
 
 
-SERVER_SIDE_MODULES = ("backends/local.py", "capture.py", "interventions.py", "sites.py", "plan.py")
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
+                       "plan.py", "records.py")
 # function-level relative imports cannot travel: none is allowed in server-side code
 KNOWN_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 KNOWN_DECORATED = {("backends/local.py", "run_condition")}
