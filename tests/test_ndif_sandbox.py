@@ -266,6 +266,30 @@ def test_attention_without_a_per_request_env(sandboxed, tmp_path):
     assert np.allclose(rows[:, 0].sum(0), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["none", "padding", "bool", "additive"])
+def test_attention_probabilities_against_torch_sdpa(form):
+    """probabilities @ values equals torch's own scaled_dot_product_attention for every mask form
+    an attention call can get (GQA: 4 query heads on 2 key/value heads; queries = the last 5 keys)."""
+    import torch.nn.functional as F
+
+    from workbench.capture import attention_probabilities
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 8, generator=gen) for h, n in ((4, 5), (2, 9), (2, 9)))
+    causal = torch.ones(5, 9, dtype=torch.bool).tril(4)
+    keep = torch.ones(1, 9, dtype=torch.long)
+    keep[0, 1] = 0  # a padded key
+    allowed = causal & keep[:, None, None, :].bool() if form != "none" else causal[None, None]
+    mask = {"none": None, "padding": keep, "bool": allowed,
+            "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)}[form]
+    module = torch.nn.Module()
+    probs = attention_probabilities((module, q, k, v, mask), {"scaling": 8 ** -0.5})
+    k_rep, v_rep = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    expected = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=allowed)
+    torch.testing.assert_close(probs @ v_rep, expected, atol=1e-6, rtol=1e-5)
+    assert torch.all(probs[~allowed.expand_as(probs)] == 0)
+
+
 # ------------------------------------------------------------------------------ fail fast
 
 

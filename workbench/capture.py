@@ -57,7 +57,8 @@ def attention_probabilities(args: tuple, kwargs: dict) -> torch.Tensor:
     needed, which NDIF would not apply. Measured on the tiny models under sdpa: layer 0 bitwise
     equal to eager's own probabilities, later layers within 2e-7 (their inputs differ by
     sdpa's rounding). Masks: None = causal (queries are the last positions of the keys),
-    boolean = True where allowed, additive float = 0 where allowed."""
+    (batch, key) = causal and a padding mask, 4-D boolean = True where allowed, 4-D additive float
+    = 0 where allowed."""
     _, query, key, _, mask = args[:5]
     scaling = kwargs.get("scaling")
     if scaling is None:
@@ -67,8 +68,11 @@ def attention_probabilities(args: tuple, kwargs: dict) -> torch.Tensor:
     key = key[:, :, None].expand(batch, kv_heads, groups, n_keys, head_dim).reshape(batch, kv_heads * groups, n_keys, head_dim)
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
     n_queries = query.shape[2]
+    causal = torch.ones(n_queries, n_keys, dtype=torch.bool, device=weights.device).tril(n_keys - n_queries)
     if mask is None:
-        allowed = torch.ones(n_queries, n_keys, dtype=torch.bool, device=weights.device).tril(n_keys - n_queries)
+        allowed = causal
+    elif mask.dim() == 2:  # a (batch, key) padding mask, 1 = a token (what flash attention gets)
+        allowed = causal & mask[:, None, None, :n_keys].to(torch.bool)
     elif mask.dtype == torch.bool:
         allowed = mask[..., :n_keys]
     else:
