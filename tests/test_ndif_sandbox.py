@@ -232,6 +232,10 @@ def test_model_served_under_ndif_key_is_found_by_repo_and_revision(sandboxed):
     other = {"d": {**next(iter(deployments.values())), "revision": "abc123"}}
     assert remote_backend.find_deployment(client.model_key, {"d": {**other["d"], "repo_id": "x/y"}}) is None
     assert remote_backend.find_deployment(client.model_key, other) is None  # another revision
+    entry = next(iter(deployments.values()))
+    two = {"a": {**entry, "task": "text-classification", "model_key": entry["model_key"] + " "},
+           "b": {**entry, "task": "text-generation"}}
+    assert remote_backend.find_deployment(client.model_key, two)["task"] == "text-generation"
 
 
 def test_attention_without_a_per_request_env(sandboxed, tmp_path):

@@ -470,7 +470,8 @@ def find_deployment(model_key: str, deployments: dict[str, dict[str, Any]]) -> d
     """The deployed (HOT or WARM) entry serving `model_key`'s checkpoint: the same repo id and
     revision (no revision = main), whatever class path or extra fields its key has (NDIF deploys
     as `...LanguageModel:{"repo_id", "revision"}`; nnsight 0.8.1 builds `TransformersModel:{...,
-    "task"}`). An exact key match wins."""
+    "task"}`). An exact key match wins; among several deployments of the checkpoint, the one
+    with the same task."""
     ours = _key_fields(model_key)
     candidates = []
     for name, entry in deployments.items():
@@ -484,6 +485,8 @@ def find_deployment(model_key: str, deployments: dict[str, dict[str, Any]]) -> d
             return {**entry, "model_key": key}
         if repo == ours.get("repo_id") and _revision(revision) == _revision(ours.get("revision")):
             candidates.append({**entry, "model_key": key})
+    # several deployments of one checkpoint (e.g. two tasks): the one with our task first
+    candidates.sort(key=lambda e: (e.get("task") or _key_fields(e["model_key"]).get("task")) != ours.get("task"))
     return candidates[0] if candidates else None
 
 
