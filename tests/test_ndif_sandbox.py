@@ -6,6 +6,8 @@ from NDIF-format keys (`nnsight.modeling.language.LanguageModel:{"repo_id", "rev
 the deployment's own attention implementation, ignores per-request env, checks the client's
 Python and nnsight versions as NDIF does and enforces a job timeout. `workbench` is not
 installed there: everything the workbench runs travels by value and must pass the whitelist.
+The same server (`test_remote.sandboxed_server`) runs tests/test_remote.py: every intervention
+and capture kind bitwise equal to a local run, and the fault drills.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from ndif_server import LoopbackNDIF  # noqa: E402  (before nnsight: see its docstring)
+import ndif_server  # noqa: E402,F401  (before nnsight: see its docstring)
 
 import nnsight  # noqa: E402
 import xarray as xr  # noqa: E402
@@ -44,35 +46,20 @@ from workbench.models.remote import RemoteModel  # noqa: E402
 from workbench.runner import run_spec  # noqa: E402
 from workbench.spec import parse_spec  # noqa: E402
 
-from test_remote import conditions_for  # noqa: E402
+from test_remote import KEY, ndif_key, sandboxed_server  # noqa: E402
 
-KEY = "wb-sandbox-key-51c0e9"
 BACKEND_ATTRS = {"provenance", "dtype", "device", "backend", "remote_target", "revision"}
-CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, {site: embed}, "
-            "{site: final_norm}]")
 SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
                        "plan.py", "records.py", "models/architectures.py")
 WHITELIST_TOPS = {"torch", "numpy", "nnsight", "typing", "collections", "math", "time", "enum", "operator",
                   "__future__", "warnings"}
 
 
-def ndif_key(name: str) -> str:
-    """The key NDIF deploys a model under (its CLI's key builder: class path, repo id, revision)."""
-    cls = "nnsight.modeling.vlm.VisionLanguageModel" if model_info(name).arch.is_multimodal else \
-        "nnsight.modeling.language.LanguageModel"
-    return f"{cls}:{json.dumps({'repo_id': model_info(name).path, 'revision': None})}"
-
-
 @pytest.fixture(scope="module")
 def sandboxed(workbench_cache):
     previous = CONFIG.APP.REMOTE_LOGGING
     CONFIG.APP.REMOTE_LOGGING = False
-    loaders = {}
-    for n in ("tiny-llama", "tiny-qwen3vl"):
-        info = model_info(n)
-        processor = ("workbench.models.tiny:load_processor", info.path, info.arch.family) if info.arch.is_multimodal else None
-        loaders[ndif_key(n)] = {"path": info.path, "multimodal": info.arch.is_multimodal, "processor": processor}
-    srv = LoopbackNDIF({}, api_key=KEY, hide_modules=("workbench", "analyses"), sandbox=loaders).start()
+    srv = sandboxed_server()
     yield srv
     srv.stop()
     CONFIG.APP.REMOTE_LOGGING = previous
@@ -96,12 +83,6 @@ def cfg(server, **overrides) -> RemoteConfig:
     return RemoteConfig(**{"target": server.url, "api_key": KEY, "backoff_s": 0.01, "max_tries": 2, **overrides})
 
 
-def spec_text(name: str, store: Path, captures: str = CAPTURES, extra: str = "") -> str:
-    return (f"name: sandbox-{name}\nmodels: [{name}]\ndata: {{source: builtin, n: 1}}\n"
-            f"conditions:{conditions_for(name)}\ncapture: {captures}\ngenerate: {{max_new_tokens: 2}}\n"
-            f"store: {{path: {store}}}\n{extra}")
-
-
 def simple_spec(store: Path, captures: str = "[{site: layer}]") -> str:
     return (f"name: sandbox-simple\nmodels: [tiny-llama]\ndata: {{source: builtin, n: 1}}\n"
             f"conditions:\n  baseline: {{}}\ncapture: {captures}\nstore: {{path: {store}}}\n")
@@ -119,18 +100,8 @@ def load(store: Path, model: str) -> xr.Dataset:
 
 
 # ------------------------------------------------------------------- same results, sandboxed
-
-
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3vl"])
-def test_every_intervention_and_capture_kind_through_the_sandbox_is_bitwise_local(sandboxed, tmp_path, name):
-    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
-    run(spec_text(name, local), remote=False)
-    before = len(sandboxed.requests_seen)
-    summary = run(spec_text(name, remote), remote=cfg(sandboxed))
-    assert summary.written == summary.total == len(conditions_for(name).strip().splitlines())
-    seen = sandboxed.requests_seen[before:]
-    assert len(seen) == 1 and seen[0]["model_key"] == ndif_key(name)  # found under NDIF's key format
-    xr.testing.assert_identical(load(local, name), load(remote, name))
+# (every intervention and capture kind: tests/test_remote.py::test_remote_store_is_identical_to_local,
+# against the same sandboxed server)
 
 
 def test_depth_norms_spec_on_tiny_llama_through_the_sandbox(sandboxed, tmp_path):
