@@ -194,6 +194,16 @@ def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp
     assert not store.exists()
 
 
+def test_version_check_rules():
+    logs: list[str] = []
+    check = remote_backend.check_versions
+    check({"python_version": "3.11.2 (main)", "packages": {"nnsight": "0.9.0"}}, "srv", "3.11.7", "0.8.1", logs.append)
+    assert logs == ["note: srv runs nnsight 0.9.0, this client nnsight 0.8.1"]  # reported, not refused
+    check({"python_version": "", "packages": {}}, "srv", "3.11.7", "0.8.1", logs.append)  # says nothing: no check
+    with pytest.raises(RemoteSetupError, match=r"srv runs Python 3\.12\.1, this client Python 3\.11\.7"):
+        check({"python_version": "3.12.1"}, "srv", "3.11.7", "0.8.1", logs.append)
+
+
 def test_model_served_under_ndif_key_is_found_by_repo_and_revision(sandboxed):
     client = RemoteModel(model_info("tiny-llama"))
     assert client.model_key.startswith("nnsight.modeling.transformers.TransformersModel:")  # nnsight 0.8.1's own

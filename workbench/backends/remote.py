@@ -389,14 +389,14 @@ _CHECKED: dict[str, dict] = {}
 
 def preflight(config: RemoteConfig, log: Callable[[str], None] = print) -> dict:
     """Before the first job (and before the store is touched): the API key is set, the server
-    answers, and its Python minor version and nnsight version are ones it accepts from this
-    client. Returns the server's environment (GET /env). Once per host and process."""
+    answers, and its Python minor version is this client's. Returns the server's environment
+    (GET /env). Once per host and process."""
     require_key(config)
     if config.host in _CHECKED:
         return _CHECKED[config.host]
     env = with_retries(lambda: _get_env(config), config, f"environment of {config.label}", log)
     if env:
-        check_versions(env, config.label)
+        check_versions(env, config.label, log=log)
     else:
         log(f"{config.label} does not report its Python and nnsight versions; the server checks them "
             "when the first job is submitted")
@@ -404,28 +404,29 @@ def preflight(config: RemoteConfig, log: Callable[[str], None] = print) -> dict:
     return env
 
 
-def check_versions(env: dict, label: str, local_python: str | None = None, local_nnsight: str | None = None) -> None:
+def check_versions(env: dict, label: str, local_python: str | None = None, local_nnsight: str | None = None,
+                   log: Callable[[str], None] = print) -> None:
     """RemoteSetupError, naming both versions, when NDIF would refuse this client: its Python
     minor version must equal the server's (NDIF answers HTTP 400 otherwise; nnsight 0.8.1 also
-    ships code as bytecode), and nnsight must not be older than the server's."""
+    ships code as bytecode). A different nnsight is only reported: NDIF checks it against a
+    minimum that `/env` does not tell, and its own refusal is reported when it comes."""
     from packaging.version import InvalidVersion, Version
 
     local_python = local_python or sys.version.split()[0]
     local_nnsight = local_nnsight or nnsight.__version__
-    remote_python = str(env.get("python_version") or "").split()[0] if env else ""
+    remote_python = (str(env.get("python_version") or "").split() or [""])[0]
     if remote_python and remote_python.split(".")[:2] != local_python.split(".")[:2]:
         minor = ".".join(remote_python.split(".")[:2])
         raise RemoteSetupError(
             f"{label} runs Python {remote_python}, this client Python {local_python}: NDIF refuses a client "
             f"whose Python minor version differs", hint=f"run the workbench under Python {minor} for remote runs")
-    remote_nnsight = str((env.get("packages") or {}).get("nnsight") or "") if env else ""
+    remote_nnsight = str((env.get("packages") or {}).get("nnsight") or "")
     try:
-        older = bool(remote_nnsight) and Version(local_nnsight) < Version(remote_nnsight)
+        differs = bool(remote_nnsight) and Version(local_nnsight) != Version(remote_nnsight)
     except InvalidVersion:
-        older = False
-    if older:
-        raise RemoteSetupError(f"{label} runs nnsight {remote_nnsight}, this client nnsight {local_nnsight}",
-                               hint=f"install nnsight=={remote_nnsight}")
+        differs = False
+    if differs:
+        log(f"note: {label} runs nnsight {remote_nnsight}, this client nnsight {local_nnsight}")
 
 
 def _get_env(config: RemoteConfig) -> dict:
