@@ -161,7 +161,8 @@ class WorkbenchModel:
     """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
 
     def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
-        """attn: "sdpa" (fast) or "eager" (the only one that returns attention probabilities)."""
+        """attn: the attention implementation ("sdpa" by default; attention captures compute their
+        probabilities from q and k under any, see `capture.attention_probabilities`)."""
         from nnsight.modeling.transformers import TransformersModel
 
         self.info = info

@@ -30,8 +30,8 @@ class RemoteModel:
     """A model executed remotely: encodes here, runs there. `target` labels where (for the store)."""
 
     def __init__(self, info: ModelInfo, attn: str = "sdpa", target: str = "NDIF"):
-        """attn: the attention implementation the server switches the model to for our requests
-        ("eager" is the only one that returns attention probabilities)."""
+        """attn: the attention implementation of the meta model; nnsight sends it as a
+        per-request env, which NDIF does not apply (a deployment runs its own, sdpa)."""
         from nnsight.modeling.transformers import TransformersModel
 
         self.info = info
