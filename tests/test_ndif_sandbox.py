@@ -35,10 +35,8 @@ from workbench.backends import remote as remote_backend  # noqa: E402
 from workbench.backends.remote import (  # noqa: E402
     RemoteAuthError,
     RemoteConfig,
-    RemoteJobError,
     RemoteRunError,
     RemoteSetupError,
-    shipped_by_value,
 )
 from workbench.cli import main  # noqa: E402
 from workbench.models.model import model_info  # noqa: E402
