@@ -33,6 +33,18 @@ when ``drop_mode = "close"``; non-blocking: the job is forgotten, so polls answe
 a bad key), ``served`` (keys reported by /status; any other key gets the real NDIF's "not a
 scheduled model" ERROR after RECEIVED).
 
+Sandboxed mode (``sandbox={model key: {"path", "multimodal", "processor", "attn"}}``), the faithful
+one: each job runs in a separate process (tests/ndif_sandbox.py) that unpickles and executes it
+inside an import and builtin whitelist like NDIF's Protector, on models it builds itself from
+NDIF-format keys (``nnsight.modeling.language.LanguageModel:{"repo_id", "revision"}``) with the
+deployment's attention implementation; per-request ``env`` is ignored, as NDIF ignores it; a job
+past ``job_timeout_s`` ends in ERROR (its process is killed; a new one serves the next job). In
+both modes ``/request`` refuses a client whose Python minor version differs from
+``python_version`` (HTTP 400, NDIF's rule), ``/env`` reports ``python_version``, and ``/status``
+lists deployments keyed by deployment with ``repo_id``, ``revision``, ``dedicated``, ``config`` and
+``n_params``. The in-process mode below (models given as live objects) applies the request's env,
+which NDIF does not: it serves the client-side contract tests and the fault drills.
+
 User code the server does not have: ``hide_modules=("workbench", ...)`` makes the server behave
 as a real NDIF does, where only torch, nnsight, transformers, numpy, ... are installed. While a
 request is deserialized, executed and its result serialized, the executor thread cannot import a
@@ -214,10 +226,24 @@ class LoopbackNDIF:
         hide_modules: tuple[str, ...] = (),
         start_timeout_s: float = 20.0,
         stop_timeout_s: float = 20.0,
+        sandbox: Optional[dict] = None,
+        job_timeout_s: float = 3600.0,
+        python_version: Optional[str] = None,
+        min_nnsight_version: str = "0.5",
     ) -> None:
         if host not in _LOOPBACK_HOSTS:
             raise ValueError(f"LoopbackNDIF binds 127.0.0.1 only, not {host!r}")
-        self.models: dict[str, Any] = dict(models)
+        # sandbox: model key -> {"path", "multimodal", "attn"}: jobs run in a separate process
+        # inside NDIF's import and builtin whitelist (tests/ndif_sandbox.py), on models that
+        # process builds from the key with the deployment's attention implementation
+        self.sandbox = dict(sandbox) if sandbox else None
+        self.models: dict[str, Any] = dict(models) if not sandbox else {k: None for k in sandbox}
+        self.job_timeout_s = job_timeout_s
+        # what the server runs: a client whose Python minor version differs is refused (HTTP 400)
+        self.python_version = python_version or sys.version.split()[0]
+        self.min_nnsight_version = min_nnsight_version
+        self._worker: Any = None
+        self._connection: Any = None
         self.api_key = api_key
         self.host = "127.0.0.1"
         self.port = port
@@ -231,6 +257,9 @@ class LoopbackNDIF:
         self.drop_next_jobs: int = 0
         self.fail_next_polls: int = 0
         self.reject_key: bool = False
+        # POST /request answers 403 with `forbid_body` as its detail (a proxy, a quota, a key)
+        self.forbid_next_requests: int = 0
+        self.forbid_body: str = "Forbidden"
         # How drop_next_jobs cuts a blocking job's websocket: "abort" (TCP connection dropped, no
         # close frame: a crashed server or proxy) or "close" (a close frame, code 1011).
         self.drop_mode: str = "abort"
@@ -276,6 +305,8 @@ class LoopbackNDIF:
             ws_ping_interval=None,
             timeout_graceful_shutdown=2,
         )
+        if self.sandbox is not None and self._worker is None:
+            self.start_worker()
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="loopback-ndif", daemon=True
@@ -301,6 +332,7 @@ class LoopbackNDIF:
             self._thread.join(5)
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
+        self.stop_worker()
         self._thread = None
         self._executor = None
         self._sessions.clear()
@@ -332,17 +364,30 @@ class LoopbackNDIF:
                 info = json.loads(suffix)
             except ValueError:
                 info = {}
-            out[key] = {
+            # keyed by deployment (as NDIF's /status), not by model key
+            out[f"deployment-{len(out)}"] = {
                 "model_key": key,
                 "repo_id": info.get("repo_id", key),
-                "revision": info.get("revision") or "main",
+                "revision": info.get("revision"),
                 "task": info.get("task"),
                 "trust_remote_code": bool(info.get("trust_remote_code")),
                 "deployment_level": "HOT",
                 "application_state": "RUNNING",
                 "dedicated": True,
+                "config": self._config(info.get("repo_id")),
+                "n_params": None,
             }
         return {"deployments": out}
+
+    @staticmethod
+    def _config(repo_id: Any) -> dict:
+        import os
+
+        path = os.path.join(str(repo_id), "config.json")
+        if isinstance(repo_id, str) and os.path.isfile(path):
+            with open(path) as handle:
+                return json.load(handle)
+        return {}
 
     # -- the app -----------------------------------------------------------------------------
 
@@ -374,7 +419,7 @@ class LoopbackNDIF:
 
             local = get_local_env()
             packages = {k: v for k, v in local["packages"].items() if v != "local"}
-            return {"python_version": local["python_version"], "packages": packages}
+            return {"python_version": server.python_version, "packages": packages}
 
         @app.websocket("/subscribe")
         async def subscribe(websocket: WebSocket) -> None:
@@ -439,6 +484,8 @@ class LoopbackNDIF:
             )
             if server._take("fail_next_requests"):
                 return JSONResponse(status_code=503, content={"detail": UNAVAILABLE_MESSAGE})
+            if server._take("forbid_next_requests"):
+                return JSONResponse(status_code=403, content={"detail": server.forbid_body})
             if server.reject_key or api_key != server.api_key:
                 return JSONResponse(status_code=401, content={"detail": BAD_KEY_MESSAGE})
             if not headers.get("nnsight-version") or not headers.get("python-version"):
@@ -446,6 +493,9 @@ class LoopbackNDIF:
                     status_code=400,
                     content={"detail": "Client nnsight/python version was not provided to the NDIF server."},
                 )
+            refusal = server._version_refusal(headers["python-version"], headers["nnsight-version"])
+            if refusal:
+                return JSONResponse(status_code=400, content={"detail": refusal})
             envelope = RequestModel.model_validate(metadata)  # the client's own envelope schema
             job = _Job(
                 uuid.uuid4().hex,
@@ -545,9 +595,85 @@ class LoopbackNDIF:
         inline = blob if (self.inline_results and job.session_id) else None
         self._emit(job, completed, inline_data=inline)
 
+    def _version_refusal(self, client_python: str, client_nnsight: str) -> Optional[str]:
+        """NDIF's rule (api dependencies.py): the Python minor versions must match; nnsight must
+        be at least the server's minimum."""
+        from packaging.version import Version
+
+        ours = ".".join(self.python_version.split(".")[:2])
+        theirs = ".".join(client_python.split()[0].split(".")[:2])
+        if ours != theirs:
+            return (f"Client python version {client_python} does not match server version: {self.python_version}. "
+                    f"Please use python {ours}.")
+        try:
+            too_old = Version(client_nnsight) < Version(self.min_nnsight_version)
+        except Exception:
+            too_old = True
+        if too_old:
+            return (f"Client nnsight version {client_nnsight} is incompatible with the server; "
+                    f"nnsight >= {self.min_nnsight_version} is required.")
+        return None
+
     def _execute(self, model: Any, job: _Job) -> tuple[bytes, str]:
+        if self.sandbox is not None:
+            return self._execute_sandboxed(job)
         with _hidden_modules(self.hide_modules) as unpickler:
             return self._execute_job(model, job, unpickler)
+
+    # -- the sandboxed executor process ------------------------------------------------------
+
+    def start_worker(self, timeout_s: float = 300.0) -> None:
+        """Start the executor process and wait until its models are loaded."""
+        import multiprocessing
+
+        import ndif_sandbox
+
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        worker = context.Process(target=ndif_sandbox.worker_main, args=(child, self.sandbox, tuple(self.hide_modules)),
+                                 name="loopback-ndif-sandbox", daemon=True)
+        worker.start()
+        child.close()
+        if not parent.poll(timeout_s):
+            worker.kill()
+            raise TimeoutError(f"the sandbox process did not load its models in {timeout_s}s")
+        state, detail = parent.recv()
+        if state != "ready":
+            worker.join(5)
+            raise RuntimeError(f"the sandbox process failed to load its models:\n{detail}")
+        self._worker, self._connection = worker, parent
+
+    def stop_worker(self) -> None:
+        if self._worker is None:
+            return
+        try:
+            self._connection.send(None)
+        except Exception:
+            pass
+        self._worker.join(10)
+        if self._worker.is_alive():
+            self._worker.kill()
+            self._worker.join(5)
+        self._connection.close()
+        self._worker = self._connection = None
+
+    def _execute_sandboxed(self, job: _Job) -> tuple[bytes, str]:
+        if self._worker is None or not self._worker.is_alive():
+            self.stop_worker()
+            self.start_worker()
+        self._connection.send((job.model_key, job.blob, job.compress))
+        if not self._connection.poll(self.job_timeout_s):
+            # as NDIF: a job past the timeout is killed (here with its process; a fresh one
+            # serves the next job)
+            self._worker.kill()
+            self._worker.join(5)
+            self._connection.close()
+            self._worker = self._connection = None
+            raise _JobError(f"Job took longer than timeout: {self.job_timeout_s:g} seconds")
+        ok, payload, printed = self._connection.recv()
+        if not ok:
+            raise _JobError(payload)
+        return payload, printed
 
     @staticmethod
     def _execute_job(model: Any, job: _Job, unpickler: Any = None) -> tuple[bytes, str]:

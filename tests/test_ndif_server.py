@@ -193,7 +193,9 @@ def test_status_whoami_env(llama, server, monkeypatch):
     assert status.status == status.Status.UP
     assert llama.client.repo_id in status
     assert status[llama.client.repo_id]["state"] == "RUNNING"
-    assert llama.key in nnsight.status(raw=True)["deployments"]
+    deployments = nnsight.status(raw=True)["deployments"]  # keyed by deployment, as NDIF's
+    assert llama.key in {d["model_key"] for d in deployments.values()}
+    assert {"repo_id", "revision", "dedicated", "config", "n_params", "deployment_level"} <= set(*deployments.values())
     assert nnsight.whoami()["email"] is not None
     assert nnsight.whoami("not-the-key")["email"] is None
     assert "torch" in nnsight.ndif.get_remote_env(force_refresh=True)["packages"]

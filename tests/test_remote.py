@@ -1,12 +1,14 @@
 """The remote backend (workbench.backends.remote) against the loopback NDIF server.
 
-The server (tests/ndif_server.py) runs the unmodified nnsight 0.8.1 server-side path and, here,
-HIDES `workbench` and `analyses` from the thread that deserializes and runs each job: everything
-the workbench runs there must travel by value in the payload, as on a real NDIF. Client models are
+The server (tests/ndif_server.py, sandboxed mode) runs each job in a separate process inside an
+import and builtin whitelist like NDIF's, and does not have `workbench` or `analyses`: everything
+the workbench runs there must travel by value in the payload and pass the whitelist, as on NDIF. Client models are
 meta `TransformersModel`s (no weights); the server's are built from the model key, as NDIF does.
 
 - the same spec run locally and remotely gives identical stores (every intervention kind, every
-  capture, generate 2) on tiny-llama and tiny-qwen3vl; nnsight's own `remote="local"` path too;
+  capture, generate 2) on tiny-llama and tiny-qwen3vl, through the SANDBOXED server (NDIF's module
+  and builtin whitelist, keys, version rule: tests/ndif_sandbox.py); nnsight's own
+  `remote="local"` path too;
 - one job per sample; what the backend relies on in nnsight/cloudpickle (contract tests);
 - faults: 5xx retried / persistent, dropped connection (websocket cut, close frame, job lost
   while polling), wrong key, model not served, error inside the trace; each keeps what is stored,
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from pathlib import Path
 
 import numpy as np
@@ -115,25 +118,35 @@ store: {{path: {store}}}
 # ------------------------------------------------------------------------------------ fixtures
 
 
+def ndif_key(name: str) -> str:
+    """The key NDIF deploys a model under (its CLI's key builder: class path, repo id, revision)."""
+    info = model_info(name)
+    cls = "nnsight.modeling.vlm.VisionLanguageModel" if info.arch.is_multimodal else "nnsight.modeling.language.LanguageModel"
+    return f"{cls}:{json.dumps({'repo_id': info.path, 'revision': None})}"
+
+
+def sandboxed_server(names=MODELS, **kwargs) -> LoopbackNDIF:
+    """The loopback server in its sandboxed mode (NDIF's whitelist, keys, version rule; see
+    tests/ndif_sandbox.py) serving `names` under NDIF-format keys, started."""
+    loaders = {}
+    for name in names:
+        info = model_info(name)
+        processor = ("workbench.models.tiny:load_processor", info.path, info.arch.family) if info.arch.is_multimodal else None
+        loaders[ndif_key(name)] = {"path": info.path, "multimodal": info.arch.is_multimodal, "processor": processor}
+    return LoopbackNDIF({}, api_key=KEY, hide_modules=("workbench", "analyses"), sandbox=loaders, **kwargs).start()
+
+
 @pytest.fixture(scope="module")
 def served(workbench_cache):
-    """model name -> (its remote key, the dispatched server-side model NDIF would build)."""
-    out = {}
-    for name in MODELS:
-        client = RemoteModel(model_info(name), attn="eager")
-        kwargs = {"tokenizer": client.tokenizer}
-        if client.arch.is_multimodal:
-            kwargs["processor"] = client.processor
-        out[name] = (client.model_key, Remotable.from_model_key(client.model_key, dispatch=True, **kwargs))
-    return out
+    """model name -> the key the sandboxed server deploys it under."""
+    return {name: ndif_key(name) for name in MODELS}
 
 
 @pytest.fixture(scope="module")
 def server(served):
     previous = CONFIG.APP.REMOTE_LOGGING
     CONFIG.APP.REMOTE_LOGGING = False
-    srv = LoopbackNDIF({key: model for key, model in served.values()}, api_key=KEY,
-                       hide_modules=("workbench", "analyses")).start()
+    srv = sandboxed_server()
     yield srv
     srv.stop()
     CONFIG.APP.REMOTE_LOGGING = previous
@@ -222,7 +235,9 @@ def test_remote_store_is_identical_to_local(server, tmp_path, local_store, name)
     before = len(server.requests_seen)
     summary = run(full_spec(name, remote, n), remote=config(server))
     assert summary.written == summary.total and summary.total == n * len(conditions_for(name).strip().splitlines())
-    assert len(server.requests_seen) - before == n  # one job per sample, all its conditions
+    seen = server.requests_seen[before:]
+    assert len(seen) == n  # one job per sample, all its conditions
+    assert seen[0]["model_key"] == ndif_key(name)  # found under NDIF's key format (repo id + revision)
     xr.testing.assert_identical(load(local, name), load(remote, name))
     attrs = workbench.open_store(remote, model=name).attrs
     assert attrs["backend"] == "remote" and attrs["remote_target"] == server.url
@@ -245,13 +260,15 @@ def test_loopback_hides_workbench_and_by_value_shipping_reaches_it(served, serve
     hidden); with it the same block runs there."""
     monkeypatch.setattr(CONFIG.API, "APIKEY", KEY)
     client = RemoteModel(model_info("tiny-llama"))
+    client.served_key = served["tiny-llama"]
     with pytest.raises(RemoteError, match="No module named 'workbench"):
-        with client.lm.session(remote=server.url):
+        with client.lm.session(backend=remote_backend._remote_backend(client, config(server))):
             key = nnsight.save(order("layer", 1, 0))
+    backend = remote_backend._remote_backend(client, config(server))
     with shipped_by_value():
-        with client.lm.session(remote=server.url):
+        with client.lm.session(backend=backend):
             key = nnsight.save(order("layer", 1, 0))
-    assert key == (3, 1, 0)
+    assert backend.result["key"] == (3, 1, 0)
     import cloudpickle
 
     assert "workbench" not in cloudpickle.list_registry_pickle_by_value()  # registered per job only
@@ -275,7 +292,8 @@ def test_contract_nnsight_pieces_the_backend_uses():
     assert not hasattr(remote_backend._run_condition, "__wrapped__")
 
 
-SERVER_SIDE_MODULES = ("backends/local.py", "capture.py", "interventions.py", "sites.py", "plan.py")
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
+                       "plan.py", "records.py")
 # function-level relative imports cannot travel: none is allowed in server-side code
 KNOWN_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 KNOWN_DECORATED = {("backends/local.py", "run_condition")}
@@ -416,14 +434,14 @@ def test_wrong_key_through_the_cli(server, tmp_path, monkeypatch, capsys):
 def test_model_not_served_lists_what_is_served(server, served, tmp_path):
     store = tmp_path / "s.zarr"
     run(small_spec(store, n=1), remote=config(server))
-    llama_key, qwen_key = served["tiny-llama"][0], served["tiny-qwen3vl"][0]
+    qwen_key = served["tiny-qwen3vl"]
     server.served = {qwen_key}
     before = len(server.requests_seen)
     with pytest.raises(ModelNotServedError) as info:
         run(small_spec(store, n=2), remote=config(server))
     message = str(info.value)
     assert "does not serve this model" in message and "Served models:" in message
-    assert "tiny-qwen3vl" in message and "image-text-to-text" in message
+    assert model_info("tiny-qwen3vl").path in message and model_info("tiny-llama").path in message
     assert len(server.requests_seen) == before  # refused before anything was submitted
     # the server says so too, when the check is skipped: not retried either
     with pytest.raises(ModelNotServedError, match="is not a scheduled model"):

@@ -17,13 +17,13 @@ Stored variables (dims; what a row is):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from .interventions import site_tensor
+from .records import Record
 from .sites import order, position_index, residual_envoy
 
 CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
@@ -35,12 +35,11 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", dtype=torch.float32, copy=True)
 
 
-@dataclass(frozen=True)
-class ResidualCapture:
+class ResidualCapture(Record):
     """The residual stream at each listed layer index, for every position."""
 
-    layers: tuple[int, ...]
-    variable: str = "hidden"
+    _fields = ("layers", "variable")
+    _defaults = {"variable": "hidden"}
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
@@ -49,18 +48,53 @@ class ResidualCapture:
         saved.setdefault(("hidden", layer), []).append(to_host(residual_envoy(model, layer).input[0]))
 
 
-@dataclass(frozen=True)
-class AttentionCapture:
-    """Eager attention probabilities of each listed decoder layer, reduced as they are read:
-    per query the mass on vision keys, and the last query's full row (the decode step's)."""
+def attention_probabilities(args: tuple, kwargs: dict) -> torch.Tensor:
+    """Attention probabilities (batch, heads, query, key) from the arguments of a decoder layer's
+    attention call `attention_interface(self, query, key, value, attention_mask, scaling=...)`:
+    softmax(q kᵀ · scaling + mask) in float32, the computation of transformers' eager attention
+    (`eager_attention_forward`: keys repeated per query-head group, the mask added, softmax in
+    float32), whatever implementation the model runs. So no per-request switch to eager is
+    needed, which NDIF would not apply. Measured on the tiny models under sdpa: layer 0 bitwise
+    equal to eager's own probabilities, later layers within 2e-7 (their inputs differ by
+    sdpa's rounding). Masks: None = causal (queries are the last positions of the keys),
+    (batch, key) = causal and a padding mask, 4-D boolean = True where allowed, 4-D additive float
+    = 0 where allowed."""
+    _, query, key, _, mask = args[:5]
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    batch, kv_heads, n_keys, head_dim = key.shape
+    groups = query.shape[1] // kv_heads
+    key = key[:, :, None].expand(batch, kv_heads, groups, n_keys, head_dim).reshape(batch, kv_heads * groups, n_keys, head_dim)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    n_queries = query.shape[2]
+    causal = torch.ones(n_queries, n_keys, dtype=torch.bool, device=weights.device).tril(n_keys - n_queries)
+    if mask is None:
+        allowed = causal
+    elif mask.dim() == 2:  # a (batch, key) padding mask, 1 = a token (what flash attention gets)
+        allowed = causal & mask[:, None, None, :n_keys].to(torch.bool)
+    elif mask.dtype == torch.bool:
+        allowed = mask[..., :n_keys]
+    else:
+        allowed = mask[..., :n_keys] == 0
+    weights = weights.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
 
-    layers: tuple[int, ...]
+
+class AttentionCapture(Record):
+    """Attention probabilities of each listed decoder layer (see `attention_probabilities`),
+    reduced as they are read: per query the mass on vision keys, and the last query's full row
+    (the decode step's)."""
+
+    _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("attention", l, 2), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
-        probs = model.decoder_layers()[layer].self_attn.output[1][0]  # (heads, q, k)
+        call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
+        args, kwargs = call.inputs
+        probs = attention_probabilities(args, kwargs)[0]  # (heads, q, k)
         n_keys = probs.shape[-1]
         vision_keys = torch.zeros(n_keys, dtype=torch.bool, device=probs.device)  # generated keys: text
         prompt = torch.as_tensor(inputs.modality == "vision")[:n_keys]
@@ -70,12 +104,11 @@ class AttentionCapture:
         saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
 
 
-@dataclass(frozen=True)
-class ModuleOutputCapture:
+class ModuleOutputCapture(Record):
     """A per-position module output: `embed` (token embeddings, before image features are
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
-    site: str
+    _fields = ("site",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
@@ -85,14 +118,11 @@ class ModuleOutputCapture:
         saved.setdefault((self.site, None), []).append(to_host(model.module(path)[0].output[0]))
 
 
-@dataclass(frozen=True)
-class SiteValues:
+class SiteValues(Record):
     """A sequence site's value (`embed` or residual `layer`) at the selected positions, read to
     feed another condition's `patch` or `add` (direction_from)."""
 
-    site: str
-    layers: tuple[int, ...] | None
-    positions: Any
+    _fields = ("site", "layers", "positions")
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
         if self.site == "layer":
@@ -104,13 +134,11 @@ class SiteValues:
         saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
 
 
-@dataclass(frozen=True)
-class CachedKVCapture:
+class CachedKVCapture(Record):
     """K and/or V of each listed layer, read from the KV cache after the prompt forward."""
 
-    layers: tuple[int, ...]
-    keys: bool = True
-    values: bool = True
+    _fields = ("layers", "keys", "values")
+    _defaults = {"keys": True, "values": True}
 
     def read_cache(self, cache: Any, n_tokens: int) -> dict[str, np.ndarray]:
         out = {}
@@ -125,20 +153,12 @@ class CachedKVCapture:
         return out
 
 
-@dataclass
-class CapturePlan:
+class CapturePlan(Record):
     """Everything one model's runs capture; built by the plan from the spec's `capture` list."""
 
-    residual: ResidualCapture | None = None
-    attention: AttentionCapture | None = None
-    kv: CachedKVCapture | None = None
-    logits: bool = False
-    max_new_tokens: int = 1
-    outputs: tuple[ModuleOutputCapture, ...] = ()
-
-    @property
-    def needs_eager_attention(self) -> bool:
-        return self.attention is not None
+    _fields = ("residual", "attention", "kv", "logits", "max_new_tokens", "outputs")
+    _defaults = {"residual": None, "attention": None, "kv": None, "logits": False, "max_new_tokens": 1, "outputs": ()}
+    _mutable = True
 
     def readers(self) -> list[Any]:
         """The captures read inside a trace (K/V are read from the cache afterwards)."""

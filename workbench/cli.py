@@ -51,6 +51,13 @@ def _remote_target(value: str) -> str:
         "put the spec first: workbench run SPEC --remote")
 
 
+def cmd_ndif_status(args: argparse.Namespace) -> int:
+    from .backends.remote import RemoteConfig, status_table
+
+    print(status_table(RemoteConfig.from_env(args.remote or True)))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .backends.remote import RemoteRunError
     from .runner import run_spec, tune_allocator
@@ -63,6 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
                            progress=not args.no_progress, remote=args.remote, shard=args.shard)
     except RemoteRunError as err:
+        if err.exit_code == 2:  # a setup error (no key, a refused version): checked before the store is touched
+            raise
         print(f"error: {err}\nEverything already written to {spec.store.path} is kept; run the same command "
               "again to resume.", file=sys.stderr)
         return 1
@@ -190,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run on NDIF through nnsight remote execution (the host from NDIF_HOST, the key from "
                      "NDIF_API_KEY); or on the server at URL; 'local' runs nnsight's in-process simulation")
     run.set_defaults(func=cmd_run)
+
+    ndif = sub.add_parser("ndif", help="NDIF: what the server serves", description="Commands about the NDIF server.")
+    ndif_sub = ndif.add_subparsers(dest="ndif_command", required=True)
+    ndif_status = ndif_sub.add_parser("status", help="the models the server deploys, as a table",
+                                      description="List the server's deployed models (GET /status): repo id, "
+                                      "revision, task, level, state, class. The host is NDIF_HOST, else nnsight's.")
+    ndif_status.add_argument("--remote", type=_remote_target, default=None, metavar="URL", help="another server")
+    ndif_status.set_defaults(func=cmd_ndif_status)
 
     validate = sub.add_parser("validate", help="check a spec without running it",
                               description="Validate SPEC; with --models-check also against each model's config.")

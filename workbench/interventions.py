@@ -1,6 +1,6 @@
 """Interventions: what a condition changes in the prompt forward, each with its exact semantics.
 
-Each intervention is a small frozen dataclass built from the spec (sweep values substituted)
+Each intervention is a small frozen `Record` (it travels to NDIF servers) built from the spec (sweep values substituted)
 and applied inside an nnsight trace by `apply(model, inputs, layer)`. `targets()` lists the
 (execution-order key, layer) pairs it acts at; the backend sorts every request of a trace by
 those keys. Interventions that need values from another run (`patch`, `add` with
@@ -18,11 +18,11 @@ Sites and what "the site's value" is:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from .records import Record
 from .sites import order, position_index, residual_envoy
 
 EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
@@ -41,11 +41,9 @@ def site_tensor(model: Any, site: str, layer: int | None) -> torch.Tensor:
     return residual_envoy(model, layer).input
 
 
-@dataclass(frozen=True)
-class Intervention:
-    site: str
-    positions: Any = "all"
-    layers: tuple[int, ...] | None = None
+class Intervention(Record):
+    _fields = ("site", "positions", "layers")
+    _defaults = {"positions": "all", "layers": None}
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
         if self.site == "layer":
@@ -65,18 +63,17 @@ class Intervention:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
 class Scale(Intervention):
     """Multiply the site's value by `factor` at the selected positions (on `projector`: the
     study's alpha)."""
 
-    factor: float = 1.0
+    _fields = Intervention._fields + ("factor",)
+    _defaults = {**Intervention._defaults, "factor": 1.0}
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return x * self.factor
 
 
-@dataclass(frozen=True)
 class Zero(Intervention):
     """Set the site's value to zero at the selected positions (NaN and Inf included)."""
 
@@ -84,7 +81,6 @@ class Zero(Intervention):
         return torch.zeros_like(x)
 
 
-@dataclass(frozen=True)
 class Normalize(Intervention):
     """Rescale every projector output token to L2 norm `target`: x * target / ‖x‖.
 
@@ -92,27 +88,27 @@ class Normalize(Intervention):
     input embedding matrix), resolved by the backend; it is the inference-time counterpart of a
     post-projector LayerNorm with gain T/√D."""
 
-    target: float | str = "text_embedding_mean"
+    _fields = Intervention._fields + ("target",)
+    _defaults = {**Intervention._defaults, "target": "text_embedding_mean"}
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         norm = x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         return x * (float(self.target) / norm)
 
 
-@dataclass(frozen=True)
 class Add(Intervention):
     """Add `factor` x a vector at the selected positions. The vector is given (`vector`, length
     = the site's width) or taken from another condition (`source`): the mean, over the selected
     positions, of (source's value - this condition's value without this edit)."""
 
-    factor: float = 1.0
-    vector: tuple[float, ...] | None = None
-    source: str | None = None
-    bound: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    _fields = Intervention._fields + ("factor", "vector", "source", "bound")
+    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None}
+    _factories = {"bound": dict}
+    _hidden = ("bound",)
 
     def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Add":
         directions = {k: (values[k] - own[k]).mean(dim=0) for k in values}
-        return replace(self, bound=directions)
+        return self.replace(bound=directions)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         if self.source is None:
@@ -122,16 +118,17 @@ class Add(Intervention):
         return x + self.factor * direction
 
 
-@dataclass(frozen=True)
 class Patch(Intervention):
     """Replace the site's value at the selected positions with the `source` condition's value at
     the same positions (same layer). The source must have the same token sequence."""
 
-    source: str = ""
-    bound: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    _fields = Intervention._fields + ("source", "bound")
+    _defaults = {**Intervention._defaults, "source": ""}
+    _factories = {"bound": dict}
+    _hidden = ("bound",)
 
     def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Patch":
-        return replace(self, bound=values)
+        return self.replace(bound=values)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return self.bound[layer].to(x.device, x.dtype).reshape(x.shape)

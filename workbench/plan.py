@@ -7,10 +7,10 @@ spec error, before anything runs or is written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
+from .records import Record
 from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
 from .sites import VISION_SITES
 from .spec import SpecError
@@ -23,23 +23,17 @@ class PlanError(SpecError):
     """A spec that is valid on its own but asks for something a model lacks."""
 
 
-@dataclass(frozen=True)
-class KVSwapPlan:
+class KVSwapPlan(Record):
     """Decode-time KV substitution: the donor's K/V at `positions` of `layers` replace this
     condition's before the last prompt token runs (see `workbench.backends.local`)."""
 
-    donor: str
-    positions: Any
-    layers: tuple[int, ...]
+    _fields = ("donor", "positions", "layers")
 
 
-@dataclass(frozen=True)
-class ConditionPlan:
-    name: str
-    sweep: dict[str, float]
-    image: str                        # real | blank | none
-    interventions: tuple[Any, ...] = ()
-    kv_swap: KVSwapPlan | None = None
+class ConditionPlan(Record):
+    # name, sweep {variable: value}, image (real | blank | none), interventions, kv_swap
+    _fields = ("name", "sweep", "image", "interventions", "kv_swap")
+    _defaults = {"interventions": (), "kv_swap": None}
 
     @property
     def sources(self) -> list[str]:
@@ -55,11 +49,11 @@ class ConditionPlan:
         }
 
 
-@dataclass
-class ModelPlan:
-    info: Any                         # workbench.models.ModelInfo
-    conditions: list[ConditionPlan]
-    capture: CapturePlan = field(default_factory=CapturePlan)
+class ModelPlan(Record):
+    # info (workbench.models.ModelInfo), conditions [ConditionPlan], capture (CapturePlan)
+    _fields = ("info", "conditions", "capture")
+    _factories = {"capture": CapturePlan}
+    _mutable = True
 
     def condition(self, name: str) -> ConditionPlan:
         return next(c for c in self.conditions if c.name == name)

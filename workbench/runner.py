@@ -12,6 +12,7 @@ import importlib.metadata as _md
 import itertools
 import platform
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -189,6 +190,21 @@ def run_spec(
     if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
         samples = samples[shard[0]::shard[1]]
     preflight_positions(spec, plans, samples)
+    remote_models: dict[str, Any] = {}
+    if remote_config is not None:
+        from .backends.remote import prepare_remote
+
+        # the key, versions and served models are checked before the store is created or opened
+        remote_models = prepare_remote(plans, remote_config, log)
+    # a new store is created only once the first remote result is in: a run that fails at its
+    # first job (a refused request, an error in the trace) leaves nothing on disk
+    first = None
+    if remote_models and samples and not Path(spec.store.path).exists():
+        plan, sample = plans[0], samples[0]
+        first = ((plan.info.model_id, sample.id), _execute_sample(
+            remote_models[plan.info.model_id], LazyInputs(remote_models[plan.info.model_id], sample),
+            list(plan.conditions), plan, remote_config, tqdm(disable=True), log))
+        first = (first[0], list(first[1]))
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
         summary.repairs = store.repairs + store.repair({s.id for s in samples})
@@ -227,12 +243,18 @@ def run_spec(
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
                 bar.set_description(f"loading {model_id}")
-                attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
-                model = _load_model(plan, device, dtype, attn, remote_config, note)
+                # attention probabilities are computed from q and k (capture.attention_probabilities),
+                # under the implementation NDIF also runs: no eager switch, locally or remotely
+                attn = "sdpa"
+                model = remote_models.get(model_id) or _load_model(plan, device, dtype, attn, remote_config, note)
                 store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]
-            for condition, result in _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note):
+            if first is not None and first[0] == (model_id, sample.id):
+                results, first = first[1], None  # run before the store existed (see above)
+            else:
+                results = _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note)
+            for condition, result in results:
                 inputs = inputs_by_image[condition.image]
                 variables = sample_variables(inputs, result, plan.capture.coords())
                 problems = nonfinite_report(variables)
@@ -264,8 +286,9 @@ class LazyInputs(dict):
 
 def _execute(model: Any, inputs_by_image: LazyInputs, condition: Any, plan: ModelPlan) -> Any:
     from .backends.local import run_condition
+    from .store import fault_point
 
-    return run_condition(model, inputs_by_image, condition, plan)
+    return run_condition(model, inputs_by_image, condition, plan, on_trace=fault_point)
 
 
 def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None]) -> Any:

@@ -8,32 +8,36 @@ One (model, sample, condition) run is:
   the last prompt token runs as a one-token decode step reading that hybrid cache;
 - then greedy decode steps, one trace each, reading logits and attention (interventions act on
   the prompt forward only: the projector runs only there).
+
+This module, with the plan, interventions and captures it uses, also runs on NDIF servers
+(shipped by value, see `workbench.backends.remote`), inside NDIF's module whitelist: it imports
+only torch, numpy, nnsight, typing and workbench modules that do the same. So no dataclasses
+(`Record` instead), no transformers: the KV cache is the one the model builds in the prompt
+forward; and no fault hook of its own: the local runner passes `on_trace`.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import nnsight
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from ..capture import CapturePlan, SiteValues
 from ..interventions import Normalize, needs_source
 from ..plan import ConditionPlan, ModelPlan
+from ..records import Record
 from ..sites import order, position_index
-from ..store import fault_point
 
 
-@dataclass
-class RunResult:
-    """Captures of one run: per-token arrays (rows = prompt positions) and per-run arrays."""
+class RunResult(Record):
+    """Captures of one run: `tokens` {name: array} (rows = prompt positions) and `run` {name: array}."""
 
-    tokens: dict[str, np.ndarray] = field(default_factory=dict)
-    run: dict[str, np.ndarray] = field(default_factory=dict)
+    _fields = ("tokens", "run")
+    _factories = {"tokens": dict, "run": dict}
+    _mutable = True
 
 
 # we pass `past_key_values` on purpose (see _cache_kwargs): silence transformers' rename notice
@@ -56,16 +60,25 @@ def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[
 
 
 def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
-          readers: list[Any] = (), logits: bool = False, cache: Any = None) -> dict[Any, Any]:
+          readers: list[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
+          on_trace: Any = None) -> dict[Any, Any]:
     """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
-    and save the last position's next-token log-probabilities if `logits`."""
+    and save the last position's next-token log-probabilities if `logits`.
+
+    cache: continue from this KV cache (decode steps; it is extended in place). Without one,
+    keep_cache: also return the cache the model builds, as saved["cache"] (prompt forwards).
+    on_trace: called with "trace" inside the trace (the local runner's fault drills)."""
     ops = _operations(interventions, list(readers), logits)
-    kwargs = {**encoding, **_cache_kwargs(cache if cache is not None else _new_cache())}
+    if cache is not None:
+        kwargs = {**encoding, **_cache_kwargs(cache)}
+    else:
+        kwargs = {**encoding, "use_cache": keep_cache}
     # outside inference mode nnsight keeps the autograd graph: 1.2-2.3x slower, GBs more memory
     with torch.inference_mode():
         with model.lm.trace(**kwargs):
             saved = nnsight.save({})
-            fault_point("trace")
+            if on_trace is not None:
+                on_trace("trace")
             for _, role, item, layer in ops:
                 if role == "intervene":
                     item.apply(model, inputs, layer)
@@ -74,6 +87,8 @@ def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tupl
                 else:
                     last = model.module(model.arch.lm_head)[0].output[0, -1]
                     saved[("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
+            if cache is None and keep_cache:
+                saved["cache"] = model.lm.output.past_key_values
     return saved
 
 
@@ -86,17 +101,13 @@ def _truncate(inputs: Any, n: int) -> Any:
     positions named by modality select within those n."""
     per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
     encoding = {k: (v[:, :n] if k in per_token else v) for k, v in inputs.encoding.items()}
-    return replace(inputs, encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
+    return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
 
 
 def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
     """Inputs of a one-token decode step. No attention mask and no position ids: the model
     counts positions from its cache (Qwen3-VL adds the M-RoPE offset it kept from the prompt)."""
     return {"input_ids": token.view(1, 1).to(model.device)}
-
-
-def _new_cache() -> Any:
-    return DynamicCache()
 
 
 def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...]) -> None:
@@ -109,7 +120,7 @@ def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, .
 
 
 def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
-             depth: int = 0) -> tuple[Any, ...]:
+             depth: int = 0, on_trace: Any = None) -> tuple[Any, ...]:
     """The condition's interventions ready to run: defaults resolved from the model, values from
     source conditions (patch, add direction_from) read by running those conditions first."""
     if depth > 4:
@@ -118,17 +129,17 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
     inputs = inputs_by_image[condition.image]
     for item in condition.interventions:
         if isinstance(item, Normalize) and isinstance(item.target, str):
-            item = replace(item, target=model.text_embedding_norm())
+            item = item.replace(target=model.text_embedding_norm())
         source = needs_source(item)
         if source:
             reader = SiteValues(item.site, item.layers, item.positions)
             source_plan = plan.condition(source)
-            source_items = _resolve(model, inputs_by_image, source_plan, plan, depth + 1)
+            source_items = _resolve(model, inputs_by_image, source_plan, plan, depth + 1, on_trace)
             model.prepare()
             values = trace(model, inputs_by_image[source_plan.image].encoding, inputs_by_image[source_plan.image],
-                           source_items, [reader])
+                           source_items, [reader], on_trace=on_trace)
             model.prepare()
-            own = trace(model, inputs.encoding, inputs, (), [reader])
+            own = trace(model, inputs.encoding, inputs, (), [reader], on_trace=on_trace)
             layers = item.layers if item.site == "layer" else (None,)
             item = item.bind({l: values[("site", item.site, l)] for l in layers},
                              {l: own[("site", item.site, l)] for l in layers})
@@ -137,35 +148,40 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
 
 
 @torch.inference_mode()  # the caches it edits between traces are inference tensors
-def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan) -> RunResult:
-    """Run one (sample, condition) and return its captures as numpy arrays."""
+def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+                  on_trace: Any = None) -> RunResult:
+    """Run one (sample, condition) and return its captures as numpy arrays. `on_trace`: see `trace`."""
     captures = plan.capture
     inputs = inputs_by_image[condition.image]
     n = inputs.n_tokens
-    interventions = _resolve(model, inputs_by_image, condition, plan)
+    interventions = _resolve(model, inputs_by_image, condition, plan, 0, on_trace)
     readers = captures.readers()
-    cache = _new_cache()
     model.prepare()
     if condition.kv_swap is None:
-        parts = [trace(model, inputs.encoding, inputs, interventions, readers, captures.decoding, cache)]
+        head = trace(model, inputs.encoding, inputs, interventions, readers, captures.decoding,
+                     keep_cache=True, on_trace=on_trace)
+        cache = head.pop("cache")
+        parts = [head]
     else:
         head_inputs = _truncate(inputs, n - 1)
-        head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False, cache)
+        head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False,
+                     keep_cache=True, on_trace=on_trace)
+        cache = head.pop("cache")
         swap = condition.kv_swap
         donor = plan.condition(swap.donor)
         donor_inputs = inputs_by_image[donor.image]
-        donor_cache = _new_cache()
-        donor_items = _resolve(model, inputs_by_image, donor, plan)
+        donor_items = _resolve(model, inputs_by_image, donor, plan, 0, on_trace)
         model.prepare()
         donor_head = _truncate(donor_inputs, n - 1)
-        trace(model, donor_head.encoding, donor_head, donor_items, cache=donor_cache)
+        donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
+                            on_trace=on_trace).pop("cache")
         _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
         last = torch.as_tensor(inputs.input_ids[-1])
-        tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache)
+        tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache, on_trace=on_trace)
         parts = [head, tail]
     result = RunResult()
     _collect_prompt(result, parts, captures, cache, n)
-    _decode(model, inputs, captures, cache, parts[-1], result)
+    _decode(model, inputs, captures, cache, parts[-1], result, on_trace)
     return result
 
 
@@ -185,7 +201,8 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
         result.tokens[output.site] = torch.cat(merged[(output.site, None)], dim=0).numpy()
 
 
-def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult) -> None:
+def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult,
+            on_trace: Any = None) -> None:
     """Greedy decode: step 0 is the prompt's own prediction; steps 1.. run one token each."""
     if not captures.decoding:
         return
@@ -196,7 +213,7 @@ def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: di
             token = torch.as_tensor(int(logprobs[-1].argmax()))
             encoding = _decode_encoding(model, token)
             attention = [captures.attention] if captures.attention else []
-            step_saved = trace(model, encoding, inputs, (), attention, True, cache)
+            step_saved = trace(model, encoding, inputs, (), attention, True, cache, on_trace=on_trace)
         logprobs.append(step_saved[("logprobs", None)][-1])
         if captures.attention:
             # the step's query row over the prompt keys: (key, layer, head)

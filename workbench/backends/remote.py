@@ -1,37 +1,37 @@
-"""The remote backend: the same plan, executed on an NDIF server through nnsight remote execution.
+"""The remote backend, client side: the same plan, executed on an NDIF server through nnsight
+remote execution. What runs THERE is `workbench.backends.ndif_job` (and what it reaches).
 
 What runs where:
 - here (the client): the spec, the plan, the prompts encoded with the model's own processor
-  (`RemoteModel`, no weights), the served-model check, retries, and the store;
-- there (the server): ONE job per sample, an nnsight session whose body calls `_server_run`: for
-  each of the sample's conditions not yet stored, the local backend's `run_condition` as is
-  (source conditions for `patch` / `add direction_from`, greedy decode steps, `kv_swap`), against
-  the server's model. Captures are moved to CPU and cast to float32 inside the traces (as locally);
-  only they come back, per condition. Values read to feed another condition stay on the server.
+  (`RemoteModel`, no weights), the checks before the first job (`prepare_remote`: API key,
+  Python and nnsight versions against the server's `/env`, the served deployment matched by
+  repo id and revision in `/status`), retries, and the store;
+- there (the server): ONE job per sample, an nnsight session whose body calls
+  `ndif_job.server_run`: for each of the sample's conditions not yet stored, the local
+  backend's `run_condition` as is (source conditions for `patch` / `add direction_from`, greedy
+  decode steps, `kv_swap`, whose KV caches never leave the server), against the server's model.
+  Captures are moved to CPU and cast to float32 inside the traces (as locally); only they come
+  back, per condition.
 
 How the code gets there: nnsight serializes the session body with cloudpickle, functions by
-their source. `workbench` is installed here but not on NDIF, so while a job is serialized the
-package is registered for pickling by value (`cloudpickle.register_pickle_by_value`): every
-workbench function and class the body reaches travels in the payload (the plan's dataclasses,
-the interventions' `apply`, the readers' `read`, `run_condition` and its helpers). Two patterns
-do not survive that trip and are handled here: a function wrapped by a decorator using
+their source. `workbench` is not installed on NDIF, so while a job is serialized the package is
+registered for pickling by value (`cloudpickle.register_pickle_by_value`): every workbench
+function and class the body reaches travels in the payload. NDIF unpickles and runs it inside a
+module and builtin whitelist (FIELD-NOTES "NDIF's server sandbox"), which is why that code uses
+`Record`s, not dataclasses, and imports only torch, numpy, nnsight and typing (see
+`ndif_job`). Two more patterns do not survive the trip: a function wrapped by a decorator using
 `functools.wraps` (nnsight reads the wrapped function's source but keeps the wrapper's globals),
-so `run_condition` travels undecorated and `_server_run` enters inference mode itself; and a
-function-level relative import (`from .x import y` inside a function has no package on the
-server), which code that runs server-side must not use (a contract test scans for it).
-Dataclass-generated methods (`__init__`, `__eq__`, ...) have no source file and travel as
-bytecode, so the client's Python minor version must match the server's (checked, warned).
-
-KV swap: the transformers `DynamicCache` never crosses the wire. `run_condition` runs whole on the
-server, so the donor's cache, the hybrid cache and the decode step share one process, exactly as
-locally; the job returns the captures only.
+so `run_condition` travels undecorated and `server_run` enters inference mode itself; and a
+function-level relative import (no package on the server). Contract tests check all of it
+(tests/test_remote.py, tests/test_ndif_sandbox.py).
 
 Faults: transient ones (connection refused or dropped, HTTP 5xx/429, a websocket cut, a job lost
 while polling, timeouts) are retried with exponential backoff up to `max_tries` submissions of the
-sample; permanent ones (a refused API key, a model the server does not serve, an error inside the
-trace) stop the run at once with a `RemoteRunError`. Either way every sample already written stays
-in the store and a rerun resumes after it. The API key never enters the payload, the store,
-provenance, logs or error messages (messages are scrubbed).
+sample; permanent ones (a refused API key, a 403, a host name that does not resolve, a model the
+server does not serve, a refused version, an error inside the trace) stop the run at once with a
+`RemoteRunError`. Either way every sample already written stays in the store and a rerun resumes
+after it. The API key never enters the payload, the store, provenance, logs or error messages
+(messages are scrubbed).
 """
 
 from __future__ import annotations
@@ -40,18 +40,16 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 import nnsight
-import torch
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..errors import RemoteError
-from .local import RunResult, run_condition as _decorated_run_condition
-
-# inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
-# run_condition's body with torch's globals on the server (NameError). Ship the plain function.
-_run_condition = getattr(_decorated_run_condition, "__wrapped__", _decorated_run_condition)
+from ..errors import BadInputError, RemoteError
+from .local import RunResult
+from .ndif_job import run_condition as _run_condition, server_run as _server_run  # noqa: F401
 
 _SHIPPED_PACKAGES = ("workbench",)
 _DEPLOYED_LEVELS = ("HOT", "WARM")
@@ -61,6 +59,30 @@ _NOT_SERVED = ("not a scheduled model", "is not served", "hotswapping is not sup
 
 
 # --------------------------------------------------------------------------- configuration
+
+
+class RemoteEnv(BaseSettings):
+    """WORKBENCH_REMOTE_TRIES (submissions per sample, >= 1), WORKBENCH_REMOTE_BACKOFF_S (first
+    wait between tries), WORKBENCH_REMOTE_POLL (1 = poll for results instead of a websocket),
+    WORKBENCH_REMOTE_CHECK_SERVED (0 = skip the served-model check); unset or empty = default."""
+
+    model_config = SettingsConfigDict(env_prefix="WORKBENCH_REMOTE_", env_ignore_empty=True, extra="ignore")
+
+    tries: Optional[int] = Field(default=None, ge=1)
+    backoff_s: Optional[float] = Field(default=None, ge=0)
+    poll: Optional[bool] = None
+    check_served: Optional[bool] = None
+
+    @classmethod
+    def read(cls) -> "RemoteEnv":
+        import pydantic
+
+        try:
+            return cls()
+        except pydantic.ValidationError as error:
+            problems = "; ".join(f"WORKBENCH_REMOTE_{str(e['loc'][0]).upper()}={e.get('input')!r}: {e['msg']}"
+                                 for e in error.errors())
+            raise BadInputError(f"bad remote setting: {problems}") from None
 
 
 @dataclass
@@ -91,18 +113,18 @@ class RemoteConfig:
 
     @classmethod
     def from_env(cls, target: bool | str = True, **overrides: Any) -> "RemoteConfig":
-        """Defaults overridden by WORKBENCH_REMOTE_TRIES, WORKBENCH_REMOTE_BACKOFF_S,
-        WORKBENCH_REMOTE_POLL (1 = poll instead of a websocket), WORKBENCH_REMOTE_CHECK_SERVED (0 = skip)."""
-        env = os.environ
+        """Defaults overridden by the WORKBENCH_REMOTE_* environment (`RemoteEnv`), then by
+        `overrides`. A malformed value is bad input (one message naming the variable)."""
         values: dict[str, Any] = {}
-        if env.get("WORKBENCH_REMOTE_TRIES"):
-            values["max_tries"] = max(1, int(env["WORKBENCH_REMOTE_TRIES"]))
-        if env.get("WORKBENCH_REMOTE_BACKOFF_S"):
-            values["backoff_s"] = float(env["WORKBENCH_REMOTE_BACKOFF_S"])
-        if env.get("WORKBENCH_REMOTE_POLL"):
-            values["blocking"] = env["WORKBENCH_REMOTE_POLL"].strip().lower() in ("0", "false", "no", "")
-        if env.get("WORKBENCH_REMOTE_CHECK_SERVED"):
-            values["check_served"] = env["WORKBENCH_REMOTE_CHECK_SERVED"].strip().lower() not in ("0", "false", "no")
+        env = RemoteEnv.read()
+        if env.tries is not None:
+            values["max_tries"] = env.tries
+        if env.backoff_s is not None:
+            values["backoff_s"] = env.backoff_s
+        if env.poll is not None:
+            values["blocking"] = not env.poll
+        if env.check_served is not None:
+            values["check_served"] = env.check_served
         return cls(target=target, **{**values, **overrides})
 
     @classmethod
@@ -207,9 +229,22 @@ def _status_code(error: BaseException) -> int | None:
     return int(code) if isinstance(code, int) else None
 
 
+_KEY_REFUSED = ("api key", "apikey", "api-key", "unauthorized", "not authenticated")
+
+
 def _http_fault(code: int, detail: str) -> _Fault:
-    if code in (401, 403):
+    lowered = detail.lower()
+    if code == 401 or (code == 403 and any(marker in lowered for marker in _KEY_REFUSED)):
         return _Fault(False, RemoteAuthError, f"the server refused the API key (HTTP {code}): {detail}")
+    if code == 400 and "version" in lowered and ("python" in lowered or "nnsight" in lowered):
+        # NDIF's version rule (its api dependencies.py), when no /env told us before submitting
+        return _Fault(False, RemoteSetupError, f"the server refused this client's versions (Python "
+                      f"{sys.version.split()[0]}, nnsight {nnsight.__version__}): {detail}")
+    if code == 403 and any(marker in lowered for marker in _NOT_SERVED):
+        return _Fault(False, ModelNotServedError, f"the server does not serve this model (HTTP 403): {detail}")
+    if code == 403:
+        # a 403 whose body says nothing of the key (a proxy, a quota, a ban): say what it said
+        return _Fault(False, RemoteRunError, f"the server refused the request (HTTP 403): {detail or 'no reason given'}")
     if code >= 500 or code in (408, 425, 429):
         return _Fault(True, RemoteUnavailableError, f"server unavailable (HTTP {code}): {detail}")
     return _Fault(False, RemoteRunError, f"the server rejected the request (HTTP {code}): {detail}")
@@ -224,6 +259,9 @@ def classify(error: BaseException) -> _Fault:
     from nnsight.intervention.backends.remote import RemoteError
 
     text = str(error).strip() or type(error).__name__
+    if _dns_failure(error):
+        # the host name does not resolve: retrying will not fix a typo in NDIF_HOST / --remote
+        return _Fault(False, RemoteRunError, f"cannot resolve the server's host name: {text}")
     if isinstance(error, RemoteError):
         cause = error.__cause__
         if isinstance(cause, httpx.HTTPStatusError):
@@ -240,7 +278,9 @@ def classify(error: BaseException) -> _Fault:
         return _http_fault(error.response.status_code, text)
     if isinstance(error, websocket.WebSocketBadStatusException):
         code = _status_code(error)
-        return _http_fault(code, text) if code else _Fault(True, RemoteUnavailableError, text)
+        body = getattr(error, "resp_body", None)
+        body = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+        return _http_fault(code, f"{text} {body}".strip()) if code else _Fault(True, RemoteUnavailableError, text)
     if isinstance(error, (httpx.TransportError, websocket.WebSocketException, OSError, _JobLost)):
         # refused, reset, dropped mid-job, timed out, lost
         return _Fault(True, RemoteUnavailableError, f"connection to the server failed: {type(error).__name__}: {text}")
@@ -250,6 +290,21 @@ def classify(error: BaseException) -> _Fault:
     return _Fault(False, RemoteRunError, f"unexpected error in the remote run: {type(error).__name__}: {text}")
 
 
+def _dns_failure(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a failed host name lookup."""
+    import socket
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, socket.gaierror):
+            return True
+        if "Name or service not known" in str(error) or "nodename nor servname" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _tail(text: str, lines: int = 3) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -257,99 +312,231 @@ def _tail(text: str, lines: int = 3) -> str:
 def with_retries(attempt: Callable[[], Any], config: RemoteConfig, what: str,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> Any:
     """Call `attempt` until it succeeds, a permanent fault occurs, or `config.max_tries` calls
-    failed on transient faults (then RemoteUnavailableError). Messages name `what`, never the key."""
-    key, delay = config.key(), config.backoff_s
-    tries = max(1, int(config.max_tries))
-    for n in range(1, tries + 1):
-        try:
-            return attempt()
-        except RemoteRunError:
-            raise
-        except Exception as error:  # noqa: BLE001  (classified below; KeyboardInterrupt passes)
-            fault = classify(error)
-            message = scrub(fault.message, key)
-            if not fault.transient:
-                raise fault.kind(f"{what}: {message}") from None
-            if n == tries:
-                raise RemoteUnavailableError(f"{what}: {message} (gave up after {tries} tries)") from None
-            log(f"{what}: {message.splitlines()[0]}; retry {n + 1} of {tries} in {delay:.3g}s")
-            sleep(delay)
-            delay = min(delay * 2, config.max_backoff_s)
-    raise AssertionError("unreachable")
+    failed on transient faults (then RemoteUnavailableError), waiting `backoff_s`, doubling up
+    to `max_backoff_s`, between calls (tenacity). Messages name `what`, never the key."""
+    import tenacity
+
+    key, tries = config.key(), max(1, int(config.max_tries))
+
+    def transient(error: BaseException) -> bool:
+        return isinstance(error, Exception) and not isinstance(error, RemoteRunError) and classify(error).transient
+
+    def announce(state: tenacity.RetryCallState) -> None:
+        message = scrub(classify(state.outcome.exception()).message, key)
+        log(f"{what}: {message.splitlines()[0]}; retry {state.attempt_number + 1} of {tries} "
+            f"in {state.next_action.sleep:.3g}s")
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(tries),
+        wait=tenacity.wait_exponential(multiplier=config.backoff_s, max=config.max_backoff_s),
+        retry=tenacity.retry_if_exception(transient), before_sleep=announce, sleep=sleep, reraise=True)
+    try:
+        return retrying(attempt)
+    except RemoteRunError:
+        raise
+    except Exception as error:  # noqa: BLE001  (classified below; KeyboardInterrupt passes)
+        fault = classify(error)
+        message = scrub(fault.message, key)
+        if not fault.transient:
+            raise fault.kind(f"{what}: {message}") from None
+        raise RemoteUnavailableError(f"{what}: {message} (gave up after {tries} tries)") from None
 
 
-# --------------------------------------------------------------------------- the model and the server
+# --------------------------------------------------------------------------- checks before the first job
+
+
+class RemoteSetupError(RemoteRunError, BadInputError):
+    """The remote run cannot start as configured (no API key, a Python or nnsight version the
+    server refuses): fixed on this side, before anything is submitted."""
+
+    exit_code = BadInputError.exit_code
 
 
 def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
                       log: Callable[[str], None] = print) -> Any:
-    """A `RemoteModel` for `info`, after checking that the server serves it."""
+    """A `RemoteModel` for `info`, after `preflight` (the key, the versions, the served model);
+    jobs are submitted under the key the server deploys it by."""
     from ..models.remote import RemoteModel
 
     model = RemoteModel(info, attn=attn, target=config.label)
     if not config.simulated:
-        _check_environment(config, log)
+        preflight(config, log)
         if config.check_served:
-            check_served(model, config, log)
+            model.served_key = served_key(model, config, log)
     return model
 
 
-def served_models(config: RemoteConfig) -> dict[str, dict[str, Any]]:
-    """The server's deployments (GET /status, what `nnsight.status()` reads): model key -> entry."""
+def prepare_remote(plans: list[Any], config: RemoteConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every check a remote run makes before its store is touched: the API key, the versions,
+    each model served. Returns model id -> its `RemoteModel`."""
+    if config.simulated:
+        return {}
+    require_key(config)
+    return {plan.info.model_id: load_remote_model(plan.info, config, log=log) for plan in plans}
+
+
+def require_key(config: RemoteConfig) -> str:
+    """The API key, or RemoteSetupError before any connection is made."""
+    key = config.key()
+    if not key and not config.simulated:
+        raise RemoteSetupError(f"no NDIF API key for {config.label}",
+                               hint="set NDIF_API_KEY (create one at https://login.ndif.us)")
+    return key
+
+
+_CHECKED: dict[str, dict] = {}
+
+
+def preflight(config: RemoteConfig, log: Callable[[str], None] = print) -> dict:
+    """Before the first job (and before the store is touched): the API key is set, the server
+    answers, and its Python minor version is this client's. Returns the server's environment
+    (GET /env). Once per host and process."""
+    require_key(config)
+    if config.host in _CHECKED:
+        return _CHECKED[config.host]
+    env = with_retries(lambda: _get_env(config), config, f"environment of {config.label}", log)
+    if env:
+        check_versions(env, config.label, log=log)
+    else:
+        log(f"{config.label} does not report its Python and nnsight versions; the server checks them "
+            "when the first job is submitted")
+    _CHECKED[config.host] = env
+    return env
+
+
+def check_versions(env: dict, label: str, local_python: str | None = None, local_nnsight: str | None = None,
+                   log: Callable[[str], None] = print) -> None:
+    """RemoteSetupError, naming both versions, when NDIF would refuse this client: its Python
+    minor version must equal the server's (NDIF answers HTTP 400 otherwise; nnsight 0.8.1 also
+    ships code as bytecode). A different nnsight is only reported: NDIF checks it against a
+    minimum that `/env` does not tell, and its own refusal is reported when it comes."""
+    from packaging.version import InvalidVersion, Version
+
+    local_python = local_python or sys.version.split()[0]
+    local_nnsight = local_nnsight or nnsight.__version__
+    remote_python = (str(env.get("python_version") or "").split() or [""])[0]
+    if remote_python and remote_python.split(".")[:2] != local_python.split(".")[:2]:
+        minor = ".".join(remote_python.split(".")[:2])
+        raise RemoteSetupError(
+            f"{label} runs Python {remote_python}, this client Python {local_python}: NDIF refuses a client "
+            f"whose Python minor version differs", hint=f"run the workbench under Python {minor} for remote runs")
+    remote_nnsight = str((env.get("packages") or {}).get("nnsight") or "")
+    try:
+        differs = bool(remote_nnsight) and Version(local_nnsight) != Version(remote_nnsight)
+    except InvalidVersion:
+        differs = False
+    if differs:
+        log(f"note: {label} runs nnsight {remote_nnsight}, this client nnsight {local_nnsight}")
+
+
+def _get_env(config: RemoteConfig) -> dict:
+    """GET /env (what `nnsight.compare()` reads); {} from a server that has no such endpoint."""
     import httpx
 
-    timeout = httpx.Timeout(10.0, read=config.status_timeout_s)
-    response = httpx.get(f"{config.host}/status", timeout=timeout)
+    try:
+        return dict(_get_json(config, "/env") or {})
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code in (404, 405):
+            return {}
+        raise
+
+
+def _get_json(config: RemoteConfig, path: str) -> Any:
+    import httpx
+
+    response = httpx.get(f"{config.host}{path}", timeout=httpx.Timeout(10.0, read=config.status_timeout_s))
     response.raise_for_status()
-    deployments = response.json().get("deployments", {}) or {}
-    return {value.get("model_key") or name: value for name, value in deployments.items()}
+    return response.json()
 
 
-def check_served(model: Any, config: RemoteConfig, log: Callable[[str], None] = print) -> None:
-    """Fail with ModelNotServedError, listing what is served, unless the server deploys `model`."""
-    key = model.model_key
+def served_models(config: RemoteConfig) -> dict[str, dict[str, Any]]:
+    """The server's deployments (GET /status, what `nnsight.status()` reads): deployment -> entry."""
+    return dict((_get_json(config, "/status") or {}).get("deployments", {}) or {})
+
+
+def _key_fields(key: str) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(key.split(":", 1)[1]) if ":" in key else {}
+    except ValueError:
+        return {}
+
+
+def _revision(value: Any) -> str:
+    return str(value) if value else "main"
+
+
+def find_deployment(model_key: str, deployments: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The deployed (HOT or WARM) entry serving `model_key`'s checkpoint: the same repo id and
+    revision (no revision = main), whatever class path or extra fields its key has (NDIF deploys
+    as `...LanguageModel:{"repo_id", "revision"}`; nnsight 0.8.1 builds `TransformersModel:{...,
+    "task"}`). An exact key match wins; among several deployments of the checkpoint, the one
+    with the same task."""
+    ours = _key_fields(model_key)
+    candidates = []
+    for name, entry in deployments.items():
+        if entry.get("deployment_level", "HOT") not in _DEPLOYED_LEVELS:
+            continue
+        key = entry.get("model_key") or name
+        fields = _key_fields(key)
+        repo = entry.get("repo_id") or fields.get("repo_id")
+        revision = entry.get("revision") if "revision" in entry else fields.get("revision")
+        if key == model_key:
+            return {**entry, "model_key": key}
+        if repo == ours.get("repo_id") and _revision(revision) == _revision(ours.get("revision")):
+            candidates.append({**entry, "model_key": key})
+    # several deployments of one checkpoint (e.g. two tasks): the one with our task first
+    candidates.sort(key=lambda e: (e.get("task") or _key_fields(e["model_key"]).get("task")) != ours.get("task"))
+    return candidates[0] if candidates else None
+
+
+def served_key(model: Any, config: RemoteConfig, log: Callable[[str], None] = print) -> str:
+    """The key the server deploys `model` under; ModelNotServedError, listing what is served, if none."""
     deployments = with_retries(lambda: served_models(config), config, f"status of {config.label}", log)
-    entry = deployments.get(key)
-    if entry is not None and entry.get("deployment_level", "HOT") in _DEPLOYED_LEVELS:
+    entry = find_deployment(model.model_key, deployments)
+    if entry is not None:
         state = entry.get("application_state")
         if state and state != "RUNNING":
             log(f"{model.model_id}: deployed on {config.label} but {state}; jobs will queue until it runs")
-        return
-    served = sorted(
-        f"{v.get('repo_id', k)} (task {v.get('task') or '?'}, revision {v.get('revision') or 'main'}, "
-        f"{v.get('application_state', '?')})"
-        for k, v in deployments.items() if v.get("deployment_level", "HOT") in _DEPLOYED_LEVELS
-    )
-    repo = key.split(":", 1)[1] if ":" in key else key
-    listing = "\n  ".join(served) if served else "(none)"
+        return entry["model_key"]
+    served = sorted(status_rows(deployments), key=lambda r: r[0])
+    listing = "\n  ".join(f"{repo} (revision {rev}, task {task}, {state})" for repo, rev, task, _, state, _ in served)
+    fields = _key_fields(model.model_key)
     raise ModelNotServedError(
-        f"{model.model_id}: {config.label} does not serve this model (key {repo}). Served models:\n  {listing}\n"
-        "Pick a served model (`nnsight.status()` lists them) or run locally (backend: {kind: local})."
-    )
+        f"{model.model_id}: {config.label} does not serve this model (repo {fields.get('repo_id')}, revision "
+        f"{_revision(fields.get('revision'))}). Served models:\n  {listing or '(none)'}",
+        hint="pick a served model (`workbench ndif status` lists them) or run locally (backend: {kind: local})")
 
 
-_ENV_CHECKED: set[str] = set()
+def status_rows(deployments: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str, str, str]]:
+    """(repo id, revision, task, level, state, model class) of each deployed model."""
+    rows = []
+    for name, entry in deployments.items():
+        level = entry.get("deployment_level") or "?"
+        if level not in _DEPLOYED_LEVELS:
+            continue
+        key = entry.get("model_key") or name
+        fields = _key_fields(key)
+        model_class = key.split(":", 1)[0].split(".")[-1] if ":" in key else "-"
+        rows.append((str(entry.get("repo_id") or fields.get("repo_id") or name),
+                     _revision(entry.get("revision") or fields.get("revision")),
+                     str(entry.get("task") or fields.get("task") or "-"), level,
+                     str(entry.get("application_state") or "?"), model_class))
+    return sorted(rows)
 
 
-def _check_environment(config: RemoteConfig, log: Callable[[str], None]) -> None:
-    """Warn when the server's Python minor version differs from ours: dataclass-generated
-    methods travel as bytecode (see the module docstring). Silent if the server does not say.
-    Once per host and process."""
-    import httpx
-
-    if config.host in _ENV_CHECKED:
-        return
-    _ENV_CHECKED.add(config.host)
-    try:
-        response = httpx.get(f"{config.host}/env", timeout=httpx.Timeout(5.0, read=10.0))
-        response.raise_for_status()
-        remote = str(response.json().get("python_version", "")).split()[0]
-    except Exception:  # noqa: BLE001  (an older server, or none: the status check reports reachability)
-        return
-    local = sys.version.split()[0]
-    if remote and remote.split(".")[:2] != local.split(".")[:2]:
-        log(f"warning: {config.label} runs Python {remote}, this client {local}: code shipped to it includes "
-            "bytecode, which needs the same Python minor version; use a matching Python if jobs fail to load")
+def status_table(config: RemoteConfig) -> str:
+    """What `workbench ndif status` prints: the server's deployed models as a table."""
+    deployments = with_retries(lambda: served_models(config), config, f"status of {config.label}", lambda _: None)
+    rows = status_rows(deployments)
+    header = ("model", "revision", "task", "level", "state", "class")
+    if not rows:
+        return f"{config.label}: no model is deployed"
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [f"{config.label}: {len(rows)} deployed model(s)"]
+    lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
 
 
 def images_needed(plan: Any, names: list[str]) -> list[str]:
@@ -470,27 +657,3 @@ def _poll(backend: Any, config: RemoteConfig) -> dict:
             if config.job_timeout_s is not None and now - started > config.job_timeout_s:
                 raise TimeoutError(f"job {backend.job_id} did not finish in {config.job_timeout_s:g}s")
             time.sleep(config.poll_interval_s)
-
-
-# --------------------------------------------------------------------------- what runs on the server
-
-
-def _on_device(inputs: Any, device: Any, dtype: Any) -> Any:
-    encoding = {k: (v.to(device, dtype) if k == "pixel_values" else v.to(device)) for k, v in inputs.encoding.items()}
-    return replace(inputs, encoding=encoding)
-
-
-def _server_run(model: Any, inputs_by_image: dict, names: list[str], plan: Any) -> dict:
-    """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
-    local backend's `run_condition`; returns {condition: {"tokens": {...}, "run": {...}}} of
-    CPU float32 (int64 for token ids) tensors."""
-    inputs = {mode: _on_device(x, model.device, model.dtype) for mode, x in inputs_by_image.items()}
-    results = {}
-    with torch.inference_mode():
-        for name in names:
-            results[name] = _run_condition(model, inputs, plan.condition(name), plan)
-    return {
-        name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
-               "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}
-        for name, r in results.items()
-    }

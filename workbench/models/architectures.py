@@ -8,35 +8,43 @@ knows a module path.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from ..records import Record
 
 
-@dataclass(frozen=True)
-class Architecture:
-    family: str                      # "smolvlm" | "qwen3vl" | "llama": picks the processor builder
-    model_class: str                 # transformers class that loads the checkpoint
-    config_architectures: tuple[str, ...]
-    embed: str                       # token embedding module
-    decoder_layers: str              # ModuleList of decoder layers
-    final_norm: str
-    lm_head: str
-    vision: str | None = None        # vision tower
-    # modules whose outputs together form "the projector output as it enters the LLM", in
-    # execution order. "projector.merger" names the main merger alone.
-    projector: tuple[str, ...] = ()
-    projector_merger: str | None = None
-    image_token: str | None = None                       # placeholder scattered with image features
-    boundary_tokens: tuple[str, ...] = ()                # literal framing tokens
-    boundary_patterns: tuple[str, ...] = ()              # regexes for numbered framing tokens
-    text_config: str | None = "text_config"              # sub-config holding the LLM dims
-    quirks: dict[str, object] = field(default_factory=dict)
+class Architecture(Record):
+    """Fields:
+    family: "smolvlm" | "qwen3vl" | "llama": picks the processor builder
+    model_class: transformers class that loads the checkpoint; config_architectures
+    embed (token embedding module), decoder_layers (ModuleList of decoder layers), final_norm, lm_head
+    vision: the vision tower (None: a text model)
+    projector: modules whose outputs together form "the projector output as it enters the LLM",
+      in execution order; projector_merger: the main merger alone ("projector.merger")
+    image_token: placeholder scattered with image features
+    boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
+      (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
+    text_config: sub-config holding the LLM dims; quirks: per-family flags
+    attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
+      self-attention forward, whose inputs (q, k, mask) give the attention probabilities
+      (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)
+    A `Record`: it travels to NDIF servers inside the plan."""
+
+    _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
+               "lm_head", "vision", "projector", "projector_merger", "image_token", "boundary_tokens",
+               "boundary_patterns", "text_config", "quirks", "attention_call")
+    _defaults = {"vision": None, "projector": (), "projector_merger": None, "image_token": None,
+                 "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
+                 "attention_call": "attention_interface_1"}
+    _factories = {"quirks": dict}
 
     @property
     def is_multimodal(self) -> bool:
         return self.vision is not None
 
-    def is_boundary_token(self, token: str) -> bool:
-        return token in self.boundary_tokens or any(re.fullmatch(p, token) for p in self.boundary_patterns)
+
+def is_boundary_token(arch: Architecture, token: str) -> bool:
+    """Whether `token` frames an image in this family (client side: the encoder labels tokens)."""
+    return token in arch.boundary_tokens or any(re.fullmatch(p, token) for p in arch.boundary_patterns)
 
 
 SMOLVLM = Architecture(

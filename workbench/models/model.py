@@ -9,7 +9,6 @@ sites (`embed`, `vision`, `projector`, `layer`, ...) to nnsight envoys.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,34 +17,30 @@ import torch
 import transformers
 from PIL import Image
 
-from .architectures import Architecture, architecture_for
+from ..records import Record
+from .architectures import Architecture, architecture_for, is_boundary_token
 
 ImageMode = Literal["real", "blank", "none"]
 
 
-@dataclass
-class ModelInputs:
-    """Inputs for one forward pass, with the label of every position."""
+class ModelInputs(Record):
+    """Inputs for one forward pass, with the label of every position: `encoding` (keyword
+    arguments of the model's forward, tensors), `input_ids` ((seq,) int64), `modality` ((seq,)
+    str: vision | boundary | text). A `Record`: it travels to NDIF servers."""
 
-    encoding: dict[str, torch.Tensor]   # keyword arguments of the model's forward
-    input_ids: np.ndarray               # (seq,) int64
-    modality: np.ndarray                # (seq,) str: vision | boundary | text
+    _fields = ("encoding", "input_ids", "modality")
+    _mutable = True
 
     @property
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What can be known of a model from its config alone (no weights): enough to validate a plan."""
+class ModelInfo(Record):
+    """What can be known of a model from its config alone (no weights): enough to validate a plan.
+    model_id, path, arch (an Architecture), n_layers, hidden_size, vocab_size."""
 
-    model_id: str
-    path: str
-    arch: Architecture
-    n_layers: int
-    hidden_size: int
-    vocab_size: int
+    _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size")
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -159,14 +154,15 @@ class InputEncoder:
         if not self.arch.is_multimodal:
             return set()
         vocab = self.tokenizer.get_vocab()
-        return {i for tok, i in vocab.items() if tok.startswith("<") and self.arch.is_boundary_token(tok)}
+        return {i for tok, i in vocab.items() if tok.startswith("<") and is_boundary_token(self.arch, tok)}
 
 
 class WorkbenchModel:
     """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
 
     def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
-        """attn: "sdpa" (fast) or "eager" (the only one that returns attention probabilities)."""
+        """attn: the attention implementation ("sdpa" by default; attention captures compute their
+        probabilities from q and k under any, see `capture.attention_probabilities`)."""
         from nnsight.modeling.transformers import TransformersModel
 
         self.info = info

@@ -1,16 +1,9 @@
-"""A model that runs on an NDIF server: its client half (`RemoteModel`) and server half (`ServerModel`).
+"""A model that runs on an NDIF server, client half: `RemoteModel`.
 
-`RemoteModel` lives here, on the client. It holds no weights: `lm` is an nnsight
-`TransformersModel` built for the checkpoint on the meta device (config only, no download of the
-weights), so its remote key names the deployment on the server; the processor/tokenizer encodes
-prompts here exactly as `WorkbenchModel` does (same `InputEncoder`).
-
-`ServerModel` is what travels to the server inside a remote job: the nnsight model (which pickles
-as references to the server's live modules, never as weights) and the `ModelInfo`, with the same
-site surface the backends use on a `WorkbenchModel` (`lm`, `arch`, `info`, `n_layers`, `module`,
-`decoder_layers`, `prepare`, `text_embedding_norm`, `hf`, `device`, `dtype`). Its methods run on
-the server against the real module; it must stay free of client-only dependencies (PIL, the
-processor, zarr), since the server has only torch, numpy, transformers and nnsight installed.
+It holds no weights: `lm` is an nnsight `TransformersModel` built for the checkpoint on the meta
+device (config only, no download of the weights), so its remote key names the checkpoint; the
+processor/tokenizer encodes prompts here exactly as `WorkbenchModel` does (same `InputEncoder`).
+The half that travels to the server is `workbench.backends.ndif_job.ServerModel`.
 """
 
 from __future__ import annotations
@@ -37,13 +30,14 @@ class RemoteModel:
     """A model executed remotely: encodes here, runs there. `target` labels where (for the store)."""
 
     def __init__(self, info: ModelInfo, attn: str = "sdpa", target: str = "NDIF"):
-        """attn: the attention implementation the server switches the model to for our requests
-        ("eager" is the only one that returns attention probabilities)."""
+        """attn: the attention implementation of the meta model; nnsight sends it as a
+        per-request env, which NDIF does not apply (a deployment runs its own, sdpa)."""
         from nnsight.modeling.transformers import TransformersModel
 
         self.info = info
         self.arch = info.arch
         self.target = target
+        self.served_key: str | None = None
         # inputs are built on this CPU in float32; the server moves them to its device and dtype
         self.device, self.dtype = "cpu", torch.float32
         self.encoder = InputEncoder(info, self.device, self.dtype)
@@ -66,8 +60,10 @@ class RemoteModel:
 
     @property
     def model_key(self) -> str:
-        """The key the server knows this model by (class path, repo id, revision, task)."""
-        return self.lm.to_model_key()
+        """The key jobs are submitted under: the served deployment's own key once the backend
+        found it (`served_key`, matched by repo id and revision), else the key nnsight 0.8.1's
+        `LanguageModel` / `TransformersModel` forms for NDIF (class path, repo id, revision, task)."""
+        return self.served_key or self.lm.to_model_key()
 
     def describe(self) -> dict[str, Any]:
         config = getattr(self.lm._module, "config", None)
@@ -89,7 +85,10 @@ class RemoteModel:
         return self.encoder.token_modality(input_ids)
 
     # -- the half that travels --------------------------------------------------------------------
-    def server_view(self) -> "ServerModel":
+    def server_view(self) -> Any:
+        """The half that travels (`workbench.backends.ndif_job.ServerModel`)."""
+        from ..backends.ndif_job import ServerModel
+
         return ServerModel(self.lm, self.info)
 
     # sites resolve on the client too (nnsight envoys of the meta model), for tests and checks
@@ -101,32 +100,3 @@ class RemoteModel:
 
     def text_embedding_norm(self) -> float:
         raise RuntimeError("the embedding weights are on the server; ServerModel.text_embedding_norm reads them there")
-
-
-class ServerModel:
-    """The model as the backend code sees it on the server. Pickled into each remote job: `lm`
-    travels as persistent ids resolved to the server's live modules; the methods below are the
-    `WorkbenchModel` ones (shipped by source) and read the server's real module through `hf`."""
-
-    def __init__(self, lm: Any, info: ModelInfo):
-        self.lm, self.info, self.arch = lm, info, info.arch
-
-    @property
-    def hf(self) -> torch.nn.Module:
-        return self.lm._module
-
-    @property
-    def device(self) -> torch.device:
-        """Where inputs go: the input embedding's device (the first device of a dispatched model)."""
-        return self.hf.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.hf.get_input_embeddings().weight.dtype
-
-    model_id = WorkbenchModel.model_id
-    n_layers = WorkbenchModel.n_layers
-    module = WorkbenchModel.module
-    decoder_layers = WorkbenchModel.decoder_layers
-    text_embedding_norm = WorkbenchModel.text_embedding_norm
-    prepare = WorkbenchModel.prepare

@@ -1,0 +1,260 @@
+"""The loopback NDIF server's job executor: a separate process that unpickles and runs each
+request inside an import and builtin whitelist, as NDIF's model actor does with its `Protector`.
+
+Written from the documented behaviour (FIELD-NOTES "NDIF's server sandbox", read from
+ndif-team/ndif's model actor and `protected_environment.py`), not copied:
+
+- unpickling runs under `Protector(DESERIALIZATION_MODULES)`, execution under
+  `Protector(EXECUTION_MODULES)`. A whitelist entry matches by prefix unless strict.
+- While a Protector is active, `builtins.__import__` refuses a module outside the whitelist with
+  `ImportError: Module X is not whitelisted`, pickle's `find_class` does the same, and every
+  builtin outside `BUILTINS` is deleted process-wide (hence a separate process: the real one
+  patches its actor's whole process too).
+- Which imports are checked: those made by the request (the nnsight block, and every function
+  or class it shipped by value), including the module references cloudpickle resolves while
+  unpickling. The server's own installed code (torch, transformers, nnsight, numpy, ...)
+  importing its own submodules while it runs is not the request's doing and is let through.
+- nnsight 0.8.1 itself needs `linecache`, `compile` and `exec` on the server (it rebuilds the
+  block from source), so those are allowed, as the deployed NDIF must for 0.8.1 clients.
+- Packages the server does not have (`hidden`, e.g. workbench) cannot be imported at all.
+- Per-request `env` (e.g. `attn_implementation`) is ignored, as NDIF ignores it: a model runs
+  with the attention implementation it was deployed with.
+
+The parent (`tests/ndif_server.py`) sends jobs down a pipe and enforces the job timeout by
+killing this process (a new one starts for the next job).
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import sys
+import traceback
+from typing import Any
+
+# (name, strict): NDIF's WHITELISTED_MODULES, plus nnsight's own modules and linecache, which
+# nnsight 0.8.1 needs on the server.
+EXECUTION_MODULES = (
+    ("builtins", True), ("torch", False), ("collections", False), ("nnsight", False), ("time", False),
+    ("numpy", False), ("sympy", False), ("nnterp", False), ("math", False), ("einops", False),
+    ("urllib3", False), ("typing", False), ("_operator", True), ("operator", True), ("pandas", False),
+    ("enum", False), ("linecache", True),
+)
+DESERIALIZATION_MODULES = EXECUTION_MODULES + (
+    ("pickle", True), ("cloudpickle", False), ("copyreg", True), ("_codecs", True),
+)
+
+# NDIF's builtin whitelist (the ones not listed are deleted while a Protector is active); `open`,
+# `breakpoint`, `input`, `exit`, `quit`, `help` are not on it. compile/exec: see the docstring.
+BUILTINS = frozenset("""
+ArithmeticError AssertionError AttributeError BaseException BaseExceptionGroup BlockingIOError
+BrokenPipeError BufferError BytesWarning ChildProcessError ConnectionAbortedError ConnectionError
+ConnectionRefusedError ConnectionResetError DeprecationWarning EOFError Ellipsis EncodingWarning
+EnvironmentError Exception ExceptionGroup False FileExistsError FileNotFoundError FloatingPointError
+FutureWarning GeneratorExit IOError ImportError ImportWarning IndentationError IndexError
+InterruptedError IsADirectoryError KeyError KeyboardInterrupt LookupError MemoryError
+ModuleNotFoundError NameError None NotADirectoryError NotImplemented NotImplementedError OSError
+OverflowError PendingDeprecationWarning PermissionError ProcessLookupError RecursionError
+ReferenceError ResourceWarning RuntimeError RuntimeWarning StopAsyncIteration StopIteration
+SyntaxError SyntaxWarning SystemError SystemExit TabError TimeoutError True TypeError
+UnboundLocalError UnicodeDecodeError UnicodeEncodeError UnicodeError UnicodeTranslateError
+UnicodeWarning UserWarning ValueError Warning ZeroDivisionError __build_class__ __debug__ __doc__
+__import__ __loader__ __name__ __package__ __spec__ abs aiter all anext any ascii bin bool
+bytearray bytes callable chr classmethod compile complex delattr dict dir divmod enumerate eval
+exec filter float format frozenset getattr globals hasattr hash hex id int isinstance issubclass
+iter len list locals map max memoryview min next object oct ord pow print property range repr
+reversed round set setattr slice sorted staticmethod str sum super tuple type vars zip
+""".split())
+
+
+def whitelisted(name: str, modules: tuple) -> bool:
+    return any(name == m or (not strict and name.startswith(m + ".")) for m, strict in modules)
+
+
+class Protector:
+    """Context manager: the import and builtin whitelist, process-wide, while active."""
+
+    def __init__(self, modules: tuple, server_packages: frozenset, hidden: tuple) -> None:
+        self.modules, self.server_packages, self.hidden = modules, server_packages, hidden
+        self._saved: dict | None = None
+
+    def _by_request(self, caller: str) -> bool:
+        """Whether an import comes from the request rather than the server's installed code."""
+        top = caller.split(".")[0]
+        return top not in self.server_packages or top in ("cloudpickle", "pickle", "copyreg")
+
+    def check(self, name: str) -> None:
+        top = name.split(".")[0]
+        if top in self.hidden:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if not whitelisted(name, self.modules):
+            raise ImportError(f"Module {name} is not whitelisted")
+
+    def __enter__(self) -> "Protector":
+        original_import = builtins.__import__
+        protector = self
+
+        def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+            caller = (globals or {}).get("__name__") or ""
+            if level == 0 and protector._by_request(caller):
+                protector.check(name)
+            module = original_import(name, globals, locals, fromlist, level)
+            if level > 0 and protector._by_request(caller):
+                protector.check(module.__name__)  # relative imports: checked after import, by name
+            return module
+
+        self._saved = dict(builtins.__dict__)
+        for key in list(builtins.__dict__):
+            if key not in BUILTINS:
+                del builtins.__dict__[key]
+        builtins.__import__ = guarded_import
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        builtins.__dict__.clear()
+        builtins.__dict__.update(self._saved)
+        self._saved = None
+
+
+def _unpickler(protector: Protector) -> Any:
+    from nnsight.intervention.serialization import CustomCloudUnpickler
+
+    class ProtectedUnpickler(CustomCloudUnpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            protector.check(module)
+            return super().find_class(module, name)
+
+    return ProtectedUnpickler
+
+
+def _load_models(loaders: dict) -> dict:
+    """model key -> the dispatched model NDIF would build from it (`from_model_key`), with the
+    attention implementation of the deployment (not of any request)."""
+    import torch
+    from nnsight.modeling.mixins.remotable import Remotable
+    from transformers import AutoProcessor, AutoTokenizer
+
+    torch.set_num_threads(1)
+    models = {}
+    for key, loader in loaders.items():
+        kwargs: dict = {"attn_implementation": loader.get("attn", "sdpa")}
+        path = loader["path"]
+        if loader.get("processor") is not None:  # ("module:function", *args): how to build it
+            import importlib
+
+            target, *args = loader["processor"]
+            module, function = target.split(":")
+            processor = getattr(importlib.import_module(module), function)(*args)
+            kwargs["processor"] = processor
+            kwargs["tokenizer"] = getattr(processor, "tokenizer", processor)
+        elif loader.get("multimodal"):
+            kwargs["processor"] = AutoProcessor.from_pretrained(path)
+            kwargs["tokenizer"] = kwargs["processor"].tokenizer
+        else:
+            kwargs["tokenizer"] = AutoTokenizer.from_pretrained(path)
+        _seed_local_key(key)
+        models[key] = Remotable.from_model_key(key, dispatch=True, **kwargs)
+    return models
+
+
+def _seed_local_key(key: str) -> None:
+    import json
+    import os
+
+    from nnsight.modeling import huggingface
+
+    repo = json.loads(key.split(":", 1)[1]).get("repo_id")
+    if isinstance(repo, str) and os.path.isdir(repo):
+        huggingface._ID_CACHE.setdefault(repo, repo)
+
+
+class _Hidden:
+    """sys.meta_path entry: packages this server does not have."""
+
+    def __init__(self, roots: tuple) -> None:
+        self.roots = roots
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] in self.roots:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def execute(model: Any, blob: bytes, compress: bool, protector_for: Any) -> tuple[Any, str, bool]:
+    """One request: unpickle under the deserialization whitelist, run under the execution
+    whitelist; returns (the result blob or the error description, what the trace printed, ok)."""
+    import contextlib
+    import linecache
+
+    import torch
+    from nnsight.schema.request import RequestModel
+    from nnsight.tracing.tracer import _saves, dec, inc
+
+    printed = io.StringIO()
+    tracer = None
+    try:
+        with contextlib.redirect_stdout(printed):
+            persistent = model._remoteable_persistent_objects()
+            unpickling = protector_for(DESERIALIZATION_MODULES)
+            with unpickling:
+                tracer = RequestModel.deserialize(blob, persistent, compress=compress, unpickler=_unpickler(unpickling))
+            inc()
+            try:
+                with protector_for(EXECUTION_MODULES):
+                    tracer.execute(tracer.info.code)
+                marked = _saves()
+                saves = {k: v for k, v in tracer.info.frame.f_locals.items() if id(v) in marked}
+            finally:
+                dec()
+    except Exception as exception:
+        tb = exception.__traceback__
+        if tracer is not None and hasattr(tracer, "traceback"):
+            try:
+                tb = tracer.traceback(exception)
+            except Exception:
+                pass
+        return "".join(traceback.format_exception(type(exception), exception, tb)), printed.getvalue(), False
+    finally:
+        linecache.clearcache()
+    buffer = io.BytesIO()
+    torch.save(saves, buffer)
+    result = buffer.getvalue()
+    if compress:
+        import zstandard as zstd
+
+        result = zstd.ZstdCompressor(level=6).compress(result)
+    return result, printed.getvalue(), True
+
+
+def worker_main(connection: Any, loaders: dict, hidden: tuple) -> None:
+    """The executor process: load the models, then run jobs from `connection` one at a time.
+    Messages in: (model_key, blob, compress); out: ("ready", None) once, then
+    (ok, payload, printed) per job: payload = the result blob, or the error description."""
+    try:
+        models = _load_models(loaders)
+    except Exception:
+        connection.send(("failed", traceback.format_exc()))
+        return
+    # from here on the server "does not have" the hidden packages (what loading used stays loaded)
+    for name in [m for m in sys.modules if m.split(".")[0] in hidden]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _Hidden(tuple(hidden)))
+    server_packages = frozenset(m.split(".")[0] for m in list(sys.modules)) - set(hidden)
+
+    def protector_for(modules: tuple) -> Protector:
+        return Protector(modules, server_packages, tuple(hidden))
+
+    connection.send(("ready", None))
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        key, blob, compress = message
+        if key not in models:
+            connection.send((False, f"model {key} is not loaded on this server", ""))
+            continue
+        payload, printed, ok = execute(models[key], blob, compress, protector_for)
+        connection.send((ok, payload, printed))
