@@ -44,9 +44,8 @@ from workbench.models.remote import RemoteModel  # noqa: E402
 from workbench.runner import run_spec  # noqa: E402
 from workbench.spec import parse_spec  # noqa: E402
 
-from test_remote import KEY, ndif_key, sandboxed_server  # noqa: E402
+from test_remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
 
-BACKEND_ATTRS = {"provenance", "dtype", "device", "backend", "remote_target", "revision"}
 SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
                        "plan.py", "records.py", "models/architectures.py")
 WHITELIST_TOPS = {"torch", "numpy", "nnsight", "typing", "collections", "math", "time", "enum", "operator",
