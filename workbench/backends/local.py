@@ -108,12 +108,10 @@ def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, .
         target.values[:, :, index] = source.values[:, :, index].to(target.values.device)
 
 
-def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
-             depth: int = 0) -> tuple[Any, ...]:
+def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan) -> tuple[Any, ...]:
     """The condition's interventions ready to run: defaults resolved from the model, values from
-    source conditions (patch, add direction_from) read by running those conditions first."""
-    if depth > 4:
-        raise RuntimeError(f"condition {condition.name!r}: source conditions nest too deeply")
+    source conditions (patch, add direction_from) read by running those conditions first (the
+    spec refuses source cycles, so this recursion ends at any depth)."""
     resolved = []
     inputs = inputs_by_image[condition.image]
     for item in condition.interventions:
@@ -123,7 +121,7 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
         if source:
             reader = SiteValues(item.site, item.layers, item.positions)
             source_plan = plan.condition(source)
-            source_items = _resolve(model, inputs_by_image, source_plan, plan, depth + 1)
+            source_items = _resolve(model, inputs_by_image, source_plan, plan)
             model.prepare()
             values = trace(model, inputs_by_image[source_plan.image].encoding, inputs_by_image[source_plan.image],
                            source_items, [reader])
