@@ -96,3 +96,160 @@ capture: [{site: layer, layers: [1]}]
     assert "| tiny-smolvlm | baseline | 1 | " in out
     assert "| tiny-smolvlm | text_only | 1 | n/a (no vision or text tokens) |" in out
     assert "nan" not in out
+
+
+# ------------------------------------------------------------------ one line per failure, nothing lost
+
+
+@pytest.fixture(scope="module")
+def kept_store(tmp_path_factory, workbench_cache):
+    """A real store (tiny-llama, one sample) that every failing command below points at."""
+    root = tmp_path_factory.mktemp("kept")
+    spec, store = write_spec(root, "models: [tiny-llama]\ndata: {source: builtin, n: 1}\nconditions: {baseline: {}}\n"
+                             "capture: [{site: layer, layers: [1]}]\n", name="kept")
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    return store
+
+
+def snapshot(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def store_copy(kept_store, tmp_path):
+    """A copy of the kept store; the test asserts it is byte for byte unchanged afterwards."""
+    import shutil
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(kept_store, copy)
+    before = snapshot(copy)
+    yield copy
+    assert snapshot(copy) == before, "a failing command changed the store"
+
+
+def fails(argv: list[str], capsys, code: int = 2) -> str:
+    """Run the CLI, assert the exit code, one `error:` message and no traceback; return stderr."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+def jsonl_spec(tmp_path: Path, lines: list[str]) -> Path:
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(line + "\n" for line in lines))
+    spec, _ = write_spec(tmp_path, f"models: [tiny-llama]\ndata: {{source: jsonl, path: {data}, n: 4}}\n"
+                         "conditions: {baseline: {}}\ncapture: [{site: layer, layers: [1]}]\n", name="own")
+    return spec
+
+
+def image(tmp_path: Path, name: str = "a.png", size: int = 32) -> str:
+    from PIL import Image
+
+    Image.new("RGB", (size, size), "red").save(tmp_path / name)
+    return name
+
+
+@pytest.mark.parametrize("case, lines, phrase", [
+    ("bad JSON", ['{"id": "a", "question": "q?"}', '{"id": "b", question: "q?"}'],
+     "samples.jsonl:2: invalid JSON (Expecting property name enclosed in double quotes at column 13)"),
+    ("empty question", ['{"id": "a", "question": "  "}'], "samples.jsonl:1: question: got '  '; expected a non-empty string"),
+    ("missing image", ['{"id": "a", "image": "nope.png", "question": "q?"}'],
+     "samples.jsonl:1: image '{dir}/nope.png' does not exist; expected an image file"),
+    ("corrupt image", ['{"id": "a", "image": "bad.png", "question": "q?"}'],
+     "samples.jsonl:1: image '{dir}/bad.png' cannot be decoded (UnidentifiedImageError"),
+])
+def test_bad_sample_files(tmp_path, capsys, store_copy, case, lines, phrase):
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    spec = jsonl_spec(tmp_path, lines)
+    err = fails(["run", str(spec), "--store", str(store_copy), "--no-progress"], capsys)
+    assert phrase.format(dir=tmp_path) in err
+
+
+def test_missing_jsonl_file(tmp_path, capsys, store_copy):
+    spec = jsonl_spec(tmp_path, [])
+    (tmp_path / "samples.jsonl").unlink()
+    err = fails(["run", str(spec), "--store", str(store_copy), "--no-progress"], capsys)
+    assert f"data.path: '{tmp_path}/samples.jsonl' is missing; expected a JSONL file" in err
+
+
+def test_decompression_bomb_is_refused(tmp_path, capsys, store_copy, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL's own guard, at a size a test can afford
+    spec = jsonl_spec(tmp_path, [f'{{"id": "a", "image": "{image(tmp_path)}", "question": "q?"}}'])
+    err = fails(["run", str(spec), "--store", str(store_copy), "--no-progress"], capsys)
+    assert "samples.jsonl:1: image" in err and "is too large to open safely" in err and "hint: downscale" in err
+
+
+def tiny_llama_copy(tmp_path: Path, config_edit=None, weights: bool = True) -> Path:
+    import json
+    import shutil
+
+    from workbench.models.tiny import tiny_model_dir
+
+    target = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model_dir("tiny-llama"), target)
+    if not weights:
+        for f in target.glob("*.safetensors"):
+            f.unlink()
+    if config_edit:
+        config = json.loads((target / "config.json").read_text())
+        config_edit(config)
+        (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize("case", ["empty dir", "no weights", "unknown model_type", "unsupported architecture"])
+def test_model_directories_that_hold_no_usable_model(tmp_path, capsys, store_copy, kept_store, case):
+    if case == "empty dir":
+        model, phrase = tmp_path / "empty", "holds no model (no config.json)"
+        model.mkdir()
+    elif case == "no weights":
+        model, phrase = tiny_llama_copy(tmp_path, weights=False), "holds a config.json but no weights"
+    elif case == "unknown model_type":
+        model = tiny_llama_copy(tmp_path, lambda c: c.update(model_type="foo"))
+        phrase = "cannot read its config (ValueError"
+    else:
+        model = tiny_llama_copy(tmp_path, lambda c: c.update(architectures=["MambaForCausalLM"]))
+        phrase = "(model_type 'llama'): unsupported architecture ['MambaForCausalLM']; supported:"
+    err = fails(["run", str(kept_store.with_suffix(".yaml")), "--models", str(model), "--store", str(store_copy),
+                 "--no-progress"], capsys)
+    assert f"error: command line: --models[0]: model '{model}'" in err and phrase in err
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_shipped_study_spec_without_the_hub_fails_fast_with_the_offline_hint(capsys, store_copy, monkeypatch):
+    import time
+
+    from huggingface_hub import constants
+
+    spec = str(REPO / "specs" / "norm_gap.yaml")
+    start = time.monotonic()
+    err = fails(["run", spec, "--store", str(store_copy), "--no-progress"], capsys)  # HF_HUB_OFFLINE=1 (conftest)
+    assert "norm_gap.yaml:6: models[0]: model 'HuggingFaceTB/SmolVLM2-2.2B-Instruct' is not in the local" in err
+    assert "hint: offline, the tiny models run any spec: --models tiny-smolvlm,tiny-qwen3vl (and --data builtin" in err
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online, but the hub does not answer
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    err = fails(["run", spec, "--store", str(store_copy), "--no-progress"], capsys)
+    assert "the Hugging Face hub (http://127.0.0.1:9) is unreachable and the model is not in the local cache" in err
+    assert time.monotonic() - start < 30
+
+
+def test_datbench_missing_names_the_fix(capsys, store_copy):
+    spec = str(REPO / "specs" / "norm_gap.yaml")
+    err = fails(["run", spec, "--models", "tiny-llama", "--store", str(store_copy), "--no-progress"], capsys)
+    assert "data.source datbench: cannot load config 'chart' from 'DatologyAI/DatBench'" in err
+    assert "hint: offline, --data builtin runs the spec on the built-in samples" in err
+
+
+def test_cuda_without_a_gpu(capsys, store_copy, kept_store):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    err = fails(["run", str(kept_store.with_suffix(".yaml")), "--device", "cuda", "--store", str(store_copy),
+                 "--no-progress"], capsys)
+    assert "device 'cuda' asked for, but torch sees no CUDA GPU here" in err and "hint: use --device cpu" in err

@@ -86,9 +86,20 @@ def provenance(spec: Any) -> dict[str, Any]:
 
 
 def compile_all(spec: Any) -> list[ModelPlan]:
+    """Every model's plan; a model that cannot be read is reported at its place in the spec."""
+    from .errors import ModelError
     from .models.model import model_info
 
-    return [compile_plan(spec, model_info(model_id)) for model_id in spec.models]
+    plans = []
+    for i, model_id in enumerate(spec.models):
+        try:
+            info = model_info(model_id)
+        except ModelError as err:
+            where = (f"command line: --models[{i}]" if "models" in spec.overrides
+                     else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
+            raise ModelError(f"{where}: {err}", hint=err.hint) from err
+        plans.append(compile_plan(spec, info))
+    return plans
 
 
 def preflight_positions(spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
@@ -143,6 +154,10 @@ def run_spec(
         remote_config = RemoteConfig.resolve(remote, getattr(backend, "kind", "local"))
     device = device if device != "auto" else getattr(backend, "device", "auto")
     dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
+    if remote_config is None:
+        from .models.model import pick_device
+
+        pick_device(device)  # a missing GPU is refused before anything is loaded or written
     plans = compile_all(spec)
     samples = load_samples(spec.data)
     preflight_positions(spec, plans, samples)
