@@ -5,6 +5,8 @@ stores, through `workbench.cli.main` or a subprocess."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -253,3 +255,76 @@ def test_cuda_without_a_gpu(capsys, store_copy, kept_store):
     err = fails(["run", str(kept_store.with_suffix(".yaml")), "--device", "cuda", "--store", str(store_copy),
                  "--no-progress"], capsys)
     assert "device 'cuda' asked for, but torch sees no CUDA GPU here" in err and "hint: use --device cpu" in err
+
+
+# ------------------------------------------------------------------ interrupts and conventions
+
+
+def workbench(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    """`python -m workbench ARGS` in a subprocess (this checkout first on the path)."""
+    import os
+    import subprocess
+    import sys
+
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=full,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupt_stops_cleanly_and_the_rerun_resumes(tmp_path, signal_name, code):
+    spec, store = write_spec(tmp_path, "models: [tiny-llama]\ndata: {source: builtin, n: 4}\nconditions: {baseline: {}}\n"
+                             "capture: [{site: layer, layers: [1]}]\n")
+    # the signal arrives while the 2nd sample is being written: that write completes, then the run stops
+    stopped = workbench("run", str(spec), "--no-table", env={"WORKBENCH_SIGNAL_AT": f"{signal_name}:2"})
+    assert stopped.returncode == code, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == "interrupted: 2 of 4 stored; rerun to resume"
+    assert "Traceback" not in stopped.stderr
+    import workbench as wb
+
+    assert wb.store_info(store)["models"]["tiny-llama"]["conditions"]["baseline"]["samples"] == 2
+    resumed = workbench("run", str(spec), "--no-table")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "wrote 2 and skipped 2 of 4" in resumed.stdout
+    assert "repaired" not in resumed.stderr  # nothing was torn
+
+
+def test_conventions(tmp_path):
+    bare = workbench()
+    assert bare.returncode == 0 and "usage: workbench" in bare.stdout and "run " in bare.stdout
+    from workbench import __version__
+
+    version = workbench("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"workbench {__version__}"
+    spec, store = write_spec(tmp_path, "models: [tiny-llama]\ndata: {source: builtin, n: 1}\nconditions: {baseline: {}}\n"
+                             "capture: [{site: layer, layers: [1]}]\n")
+    quiet = workbench("run", str(spec), "-q")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+    again = workbench("run", str(spec))  # a non-TTY: notes, no progress bar; the next command on stdout
+    assert "resuming: 1 of 1" in again.stderr and "\r" not in again.stderr
+    assert f"next: workbench analyze {store}" in again.stdout
+    verbose = workbench("-v", "run", str(spec), "--device", "cuda")
+    if "no CUDA GPU" in verbose.stderr:
+        assert verbose.returncode == 2 and "Traceback" in verbose.stderr and "DeviceError" in verbose.stderr
+
+
+def _import_changes(check: str) -> subprocess.CompletedProcess:
+    """Import torch, nnsight, zarr, ... first (their own settings are theirs), then workbench; run
+    `check` comparing before and after."""
+    code = ("import warnings, zarr, xarray, torch, transformers, nnsight; filters = list(warnings.filters);"
+            "before = dict(zarr.config.get('array'));"
+            "import workbench, workbench.store, workbench.backends.local, workbench.runner, workbench.cli;" + check)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}, timeout=300)
+
+
+def test_import_installs_no_warnings_filter():
+    done = _import_changes("assert list(warnings.filters) == filters, warnings.filters[:3]")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="workbench/store.py calls zarr.config.set at import (the store's owner "
+                   "is moving it to per-array config in the icechunk rewrite); remove this marker then")
+def test_import_leaves_zarr_config_alone():
+    done = _import_changes("assert dict(zarr.config.get('array')) == before, 'zarr config changed'")
+    assert done.returncode == 0, done.stderr

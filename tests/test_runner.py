@@ -91,8 +91,8 @@ def test_rerun_resumes_without_rewriting(demo_store, capsys):
     spec = demo_store.parent / "store.zarr.yaml"
     before = store_info(demo_store)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
-    out = capsys.readouterr().out
-    assert "skipping" in out and "wrote 0 and skipped 16" in out
+    out = capsys.readouterr()
+    assert "skipping" in out.err and "wrote 0 and skipped 16" in out.out  # notes on stderr, results on stdout
     assert store_info(demo_store)["models"] == before["models"]
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
 from typing import Any, Sequence
+
+_LOG = logging.getLogger("workbench")
 
 
 def _csv(value: str) -> list[str]:
@@ -57,22 +61,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     tune_allocator()
+    quiet = args.quiet
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
-                           progress=not args.no_progress, remote=args.remote)
+                           progress=not (args.no_progress or quiet), remote=args.remote)
     except RemoteRunError as err:
         print(f"error: {err}\nEverything already written to {spec.store.path} is kept; run the same command "
               "again to resume.", file=sys.stderr)
         return 1
+    if summary.nonfinite:
+        _LOG.warning(f"{len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in the "
+                     "'nonfinite' variable):\n  " + "\n  ".join(summary.nonfinite[:20]))
+    if quiet:
+        return 0
     print(f"wrote {summary.written} and skipped {summary.skipped} of {summary.total} "
           f"(model, sample, condition) results into {summary.store}")
-    if summary.nonfinite:
-        print(f"warning: {len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in "
-              f"the 'nonfinite' variable):", *summary.nonfinite[:20], sep="\n  ")
     if not args.no_table and summary.total:
         from analyses.norms import print_norm_table
 
         print_norm_table(summary.store)
+    print(f"next: workbench analyze {summary.store}    (tables; `workbench report {summary.store} --out DIR` "
+          "for figures, `workbench info` for what is stored)")
     return 0
 
 
@@ -115,12 +124,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Run declarative VLM interpretability experiments (YAML specs) through nnsight "
         "into a labeled zarr store, and inspect the store.",
+        epilog="Start with: workbench run specs/demo.yaml, then workbench analyze stores/demo.zarr.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    _verbosity(parser, False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        command = _add_parser(name, **kwargs)
+        _verbosity(command, argparse.SUPPRESS)  # -q/-v also after the command; the top level's default holds
+        return command
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     run = sub.add_parser("run", help="run a spec into its store (resumes an interrupted run)",
                          description="Run every (model, sample, condition) of SPEC that its store does not hold yet.")
@@ -164,6 +186,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="only warnings and errors: no progress bar, notes, tables or hints")
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="more detail, and the traceback of an error")
+
+
+class _StderrHandler(logging.Handler):
+    """Log records to the current stderr, through tqdm so a progress bar stays intact."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001  (logging must never raise)
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        return f"{record.levelname.lower()}: {message}" if record.levelno >= logging.WARNING else message
+
+
+def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """The `workbench` logger to stderr: INFO by default, WARNING with -q, DEBUG with -v."""
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter())
+    _LOG.handlers[:] = [handler]
+    _LOG.propagate = False
+    _LOG.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    from .errors import Terminated
+
+    raise Terminated()
+
+
 def _quiet_libraries() -> None:
     """Our own progress bar is the one to watch: silence per-file load bars and info logs."""
     import os
@@ -179,16 +242,41 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errors import WorkbenchError
+    from .errors import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, Terminated, WorkbenchError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `workbench`: the help, not an error
+        parser.print_help()
+        return 0
+    configure_logging(args.quiet, args.verbose)
     if args.command in ("run", "validate"):  # the commands that load models
         _quiet_libraries()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
     try:
         return args.func(args)
-    except WorkbenchError as err:  # expected failures: one message, no traceback
+    except Interrupted as err:  # a run stopped by Ctrl-C / SIGTERM: how much is stored, how to go on
+        print(str(err), file=sys.stderr)
+        return err.exit_code
+    except WorkbenchError as err:  # expected failures: one message, no traceback (unless -v)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
         print(f"error: {err.user_message()}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt as exc:  # outside a run (analyze, report, loading): nothing to resume
+        print("interrupted", file=sys.stderr)
+        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

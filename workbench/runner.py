@@ -7,11 +7,16 @@ in the store is skipped, so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata as _md
 import itertools
+import logging
+import os
 import platform
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .checks import nonfinite_report
+from .errors import Interrupted, Terminated
 from .plan import ModelPlan, compile_plan
 from .store import StoreWriter, Variable
 
@@ -34,6 +40,7 @@ VARIABLE_DIMS = {
     "embed": ("token", "dim"),
     "final_norm": ("token", "dim"),
 }
+_LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
 
@@ -135,7 +142,7 @@ def run_spec(
     device: str = "auto",
     dtype: str = "auto",
     progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
     remote: Any = None,
 ) -> RunSummary:
     """Run every (model, sample, condition) of `spec` not yet in its store.
@@ -143,9 +150,14 @@ def run_spec(
     remote: None runs where the spec's `backend.kind` says; False runs locally; True (NDIF),
     "local" (nnsight's in-process simulation), a server URL or a
     `workbench.backends.remote.RemoteConfig` run remotely: one job per sample, covering that
-    sample's conditions not yet stored (see workbench.backends.remote)."""
+    sample's conditions not yet stored (see workbench.backends.remote).
+
+    log: where progress notes go (default: the `workbench.runner` logger at INFO). Ctrl-C or
+    SIGTERM (raised as `Terminated` by the CLI) stop it between samples, never inside a write,
+    with `Interrupted` saying how much is stored."""
     from .data import load_samples
 
+    log = log or _LOG.info
     backend = spec.backend
     remote_config = None
     if remote is not None or getattr(backend, "kind", "local") == "remote":
@@ -185,34 +197,80 @@ def run_spec(
         if remote_config is not None:
             record["backend"] = remote_config.describe()  # where it ran; never the API key
         store.add_provenance(record)
-        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        note = bar.write if log is print else log  # keep the bar intact when printing
-        model, model_id = None, None
-        for _, group in itertools.groupby(todo, key=lambda t: (t[0].info.model_id, t[1].id)):
-            group = list(group)
-            plan, sample = group[0][0], group[0][1]
-            if plan.info.model_id != model_id:
-                del model  # free the previous model before loading the next
-                model_id = plan.info.model_id
-                bar.set_description(f"loading {model_id}")
-                attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
-                model = _load_model(plan, device, dtype, attn, remote_config, note)
-                store.ensure_model(model_id, model.describe())
-            inputs_by_image = LazyInputs(model, sample)
-            conditions = [condition for _, _, condition in group]
-            for condition, result in _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note):
-                inputs = inputs_by_image[condition.image]
-                variables = sample_variables(inputs, result, plan.capture.coords())
-                problems = nonfinite_report(variables)
-                variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
-                for line in problems:
-                    summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
-                    bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
-                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
-                summary.written += 1
-                bar.update(1)
+        # stderr, and only on a terminal (disable=None): logs of a batch job get no bar
+        bar = tqdm(total=len(todo), disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
+        from .backends.local import known_warnings_silenced
+
+        try:
+            with known_warnings_silenced():
+                _run_todo(todo, store, summary, device, dtype, remote_config, bar, log)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
+            bar.close()
+            stored = summary.skipped + summary.written
+            raise Interrupted(f"interrupted: {stored} of {summary.total} stored; rerun to resume",
+                              terminated=isinstance(exc, Terminated)) from None
         bar.close()
     return summary
+
+
+def _run_todo(todo: list, store: StoreWriter, summary: RunSummary, device: str, dtype: str, remote_config: Any,
+              bar: Any, log: Callable[[str], None]) -> None:
+    model, model_id = None, None
+    for _, group in itertools.groupby(todo, key=lambda t: (t[0].info.model_id, t[1].id)):
+        group = list(group)
+        plan, sample = group[0][0], group[0][1]
+        if plan.info.model_id != model_id:
+            del model  # free the previous model before loading the next
+            model_id = plan.info.model_id
+            bar.set_description(f"loading {model_id}")
+            attn = "eager" if plan.capture.needs_eager_attention else "sdpa"
+            model = _load_model(plan, device, dtype, attn, remote_config, log)
+            store.ensure_model(model_id, model.describe())
+        inputs_by_image = LazyInputs(model, sample)
+        conditions = [condition for _, _, condition in group]
+        for condition, result in _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, log):
+            inputs = inputs_by_image[condition.image]
+            variables = sample_variables(inputs, result, plan.capture.coords())
+            problems = nonfinite_report(variables)
+            variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
+            for line in problems:
+                summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
+                _LOG.warning(f"non-finite capture: {summary.nonfinite[-1]}")
+            with signals_deferred():
+                _signal_drill(summary.written)
+                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
+                summary.written += 1
+            bar.update(1)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Any:
+    """Hold SIGINT and SIGTERM while a sample is written: one arriving meanwhile takes effect
+    right after the write commits, so an interrupt never cuts a write (the store's commit
+    protocol would repair it, but a clean stop needs no repair). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if received:
+            signal.raise_signal(received[0])
+
+
+def _signal_drill(written: int) -> None:
+    """Interrupt drills: `WORKBENCH_SIGNAL_AT=<SIGINT|SIGTERM>:<n>` sends this process that signal
+    while the n-th sample of this run is being written (tests check the write completes and the
+    run stops cleanly). Unset, it costs one lookup."""
+    target = os.environ.get("WORKBENCH_SIGNAL_AT")
+    if target:
+        name, _, count = target.partition(":")
+        if written + 1 == int(count):
+            os.kill(os.getpid(), getattr(signal, name))
 
 
 class LazyInputs(dict):
