@@ -13,6 +13,11 @@ Colours are fixed across figures: one per modality (`MODALITY_COLORS`), one per 
 | attention_mass.png        | prefill and decode text → vision attention mass per layer, per model    |
 | kl_vs_alpha.png           | attention KL and logit KL against α (log x), per model                  |
 | kv_cosine_vs_alpha.png    | cos(K′, K) and cos(V′, V) at vision tokens against α (log x), per model |
+| depth.png                 | mean ‖h_l‖ and ‖h_l − h_{l−1}‖/‖h_{l−1}‖ per layer over all tokens, per model |
+
+A figure is drawn only from what the store holds: a curve over layers needs two or more layers,
+a modality is drawn only where it has tokens; a figure none of the models can fill is skipped
+with the reason (`FigureFile.skipped`), never written empty.
 """
 
 from __future__ import annotations
@@ -89,6 +94,14 @@ def _save(fig: Figure, out: Path, name: str) -> Path:
     return path
 
 
+def _two_layers(ds: xr.Dataset) -> list[str]:
+    """A curve over layers needs two or more layers stored."""
+    if "layer" in ds.dims and ds.sizes["layer"] < 2:
+        held = ", ".join(str(int(l)) for l in ds["layer"].values)
+        return [f"two or more layers for a curve over layers (the store holds layer {held})"]
+    return []
+
+
 def _usable(models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]]) -> tuple[dict, list[str]]:
     ok, missing = {}, []
     for model, ds in models.items():
@@ -107,7 +120,7 @@ def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) ->
     ref = options.reference
     title = f"Residual-stream norm and update magnitude per layer ({ref})"
     fig_file = FigureFile("norms_updates.png", title)
-    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,)))
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,)) or _two_layers(ds))
     if not usable:
         fig_file.skipped = "; ".join(missing)
         return fig_file
@@ -134,7 +147,7 @@ def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) 
     ref = options.reference
     title = f"Cosine similarity to the layer-0 hidden state ({ref})"
     fig_file = FigureFile("cosine_to_first.png", title)
-    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)))
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)) or _two_layers(ds))
     if not usable:
         fig_file.skipped = "; ".join(missing)
         return fig_file
@@ -312,6 +325,35 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
     return fig_file
 
 
+def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `depth` table as curves: norm growth and the update ratio per layer, one line per model."""
+    from .tables import depth_table
+
+    ref = options.reference
+    title = f"Residual-stream norm and update ratio by depth (all tokens, {ref})"
+    fig_file = FigureFile("depth.png", title)
+    table = depth_table(models, options)
+    if table.skipped or table.data is None:
+        fig_file.skipped = table.skipped or "no model in the store"
+        return fig_file
+    data = table.data
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, 2)
+    for model in data.model.values:
+        row = data.sel(model=model)
+        _band(axes[0, 0], row.layer, row["norm"], colors[str(model)], str(model), marker="o")
+        _band(axes[0, 1], row.layer, row["relative_update"], colors[str(model)], str(model), marker="o")
+    axes[0, 0].set(title="‖h_l‖₂ (mean over tokens)", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
+                   yscale="log")
+    axes[0, 1].set(title="‖h_l − h_(l−1)‖₂ / ‖h_(l−1)‖₂", xlabel=LAYER_LABEL, ylabel="update ratio (unitless)")
+    for ax in axes[0]:
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
     "norms_updates": norms_updates,
     "cosine_to_first": cosine_to_first,
@@ -319,6 +361,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "attention_mass": attention_mass,
     "kl_vs_alpha": kl_vs_alpha,
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
+    "depth": depth,
 }
 
 
