@@ -178,7 +178,7 @@ def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
         conditions = set(np.asarray(ds["condition"].values).astype(object).astype(str)) if "token" in ds.dims else set()
         if not lacking and not conditions & {options.blank, options.text_only}:
             lacking = [f"condition {options.blank!r} or {options.text_only!r}"]
-        return lacking
+        return lacking or _two_layers(ds)
 
     usable, missing = _usable(models, need)
     if not usable:
@@ -266,19 +266,24 @@ def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
         fig_file.skipped = "; ".join(missing)
         return fig_file
     colors = model_colors(list(models))
-    fig, axes = _grid(1, 2, width=5.5, height=3.8)
+    kinds = [k for k in ("decode_attention", "logprobs") if any(k in ds.data_vars for ds in usable.values())]
+    fig, axes = _grid(1, len(kinds), width=5.5, height=3.8)  # a panel only for what the store holds
+    panel = {kind: axes[0, i] for i, kind in enumerate(kinds)}
     for model, ds in usable.items():
         panels = []
         if "decode_attention" in ds.data_vars:
-            panels.append((axes[0, 0], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
+            panels.append((panel["decode_attention"], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
         if "logprobs" in ds.data_vars:
-            panels.append((axes[0, 1], logits.logit_kl(ds, ref, options.step, **options.boot())))
+            panels.append((panel["logprobs"], logits.logit_kl(ds, ref, options.step, **options.boot())))
         for ax, est in panels:
             x, est = _alpha_series(ds, est, sweep)
             _band(ax, x, est, colors[model], model, marker="o")
-    axes[0, 0].set(title=f"attention over vision keys (decode step {options.step};\nmean over layers and heads)",
-                   ylabel=f"KL({ref} ‖ condition) (nats)")
-    axes[0, 1].set(title=f"next-token distribution\n(decode step {options.step})", ylabel=f"KL({ref} ‖ condition) (nats)")
+    if "decode_attention" in panel:
+        panel["decode_attention"].set(title=f"attention over vision keys (decode step {options.step};\nmean over "
+                                      "layers and heads)", ylabel=f"KL({ref} ‖ condition) (nats)")
+    if "logprobs" in panel:
+        panel["logprobs"].set(title=f"next-token distribution\n(decode step {options.step})",
+                              ylabel=f"KL({ref} ‖ condition) (nats)")
     for ax in axes[0]:
         ax.set(xscale="log", xlabel=ALPHA_LABEL)
         ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)

@@ -277,6 +277,9 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         lacking = _missing(ds, ("hidden",), (ref,))
         if not lacking and not set(present) & set(layout(ds).conditions):
             lacking = [f"condition {' or '.join(repr(c) for c in wanted)}"]
+        if not lacking and ds.sizes.get("layer", 0) < 3:  # a correlation over 2 points is always ±1
+            held = ", ".join(str(int(l)) for l in ds["layer"].values)
+            lacking = [f"three or more layers for a correlation over layers (the store holds layer {held})"]
         return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
