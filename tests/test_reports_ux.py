@@ -123,3 +123,17 @@ def test_depth_table_matches_analyses_depth(depth_store, tmp_path, capsys):
     assert "## Norm growth and update size with depth" in report and "](depth.png)" in report
     assert "Vision/text norm ratio at the LLM input (layer 0, condition baseline): skipped — tiny-llama: needs " \
            "vision tokens under 'baseline'" in report
+
+
+def test_one_number_format_per_column():
+    from analyses.tables import Cell, Table
+
+    table = Table("t", "T", ["model", "KL", "ratio"], rows=[
+        ["a", Cell(0.25, 0.2, 0.3), Cell(1.5, 1.4, 1.6)],
+        ["b", Cell(3e-5, 2e-5, 4e-5), Cell(0.0, 0.0, 0.0)],   # 3e-5 would print as 0.00: the column goes scientific
+        ["c", Cell(float("nan"), float("nan"), float("nan")), Cell(2.0, 1.0, 3.0)],
+    ])
+    rows = table.formatted_rows()
+    assert [r[1] for r in rows] == ["2.5e-01 [2.0e-01, 3.0e-01]", "3.0e-05 [2.0e-05, 4.0e-05]", "n/a"]
+    assert [r[2] for r in rows] == ["1.50 [1.40, 1.60]", "0.00 [0.00, 0.00]", "2.00 [1.00, 3.00]"]
+    assert "| b | 3.0e-05 [2.0e-05, 4.0e-05] | 0.00 [0.00, 0.00] |" in table.markdown()
