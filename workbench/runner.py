@@ -17,6 +17,7 @@ import platform
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -199,8 +200,6 @@ def run_spec(
         store.add_provenance(record)
         # stderr, and only on a terminal (disable=None): logs of a batch job get no bar
         bar = tqdm(total=len(todo), disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
-        from .backends.local import known_warnings_silenced
-
         try:
             with known_warnings_silenced():
                 _run_todo(todo, store, summary, device, dtype, remote_config, bar, log)
@@ -241,6 +240,16 @@ def _run_todo(todo: list, store: StoreWriter, summary: RunSummary, device: str, 
                 store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=condition.store_attrs())
                 summary.written += 1
             bar.update(1)
+
+
+@contextlib.contextmanager
+def known_warnings_silenced() -> Any:
+    """The local backend passes `past_key_values` on purpose (see backends/local.py:
+    _cache_kwargs): silence transformers' rename notice for the runs inside this block only, not
+    process-wide at import."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*`past_key_values` is deprecated.*", category=FutureWarning)
+        yield
 
 
 @contextlib.contextmanager

@@ -12,8 +12,6 @@ One (model, sample, condition) run is:
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,16 +33,6 @@ class RunResult:
 
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     run: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def known_warnings_silenced() -> Any:
-    """We pass `past_key_values` on purpose (see _cache_kwargs): silence transformers' rename
-    notice for the runs inside this block only (no process-wide filter at import). The runner
-    wraps its loop in it; nothing shipped to a server uses it (`warnings` is not on NDIF's list)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*`past_key_values` is deprecated.*", category=FutureWarning)
-        yield
 
 
 def _cache_kwargs(cache: Any) -> dict[str, Any]:
