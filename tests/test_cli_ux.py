@@ -240,11 +240,23 @@ def test_a_shipped_study_spec_without_the_hub_fails_fast_with_the_offline_hint(c
     assert time.monotonic() - start < 30
 
 
-def test_datbench_missing_names_the_fix(capsys, store_copy):
+def test_datbench_missing_names_the_fix(capsys, store_copy, monkeypatch):
+    import time
+
+    from huggingface_hub import constants
+
     spec = str(REPO / "specs" / "norm_gap.yaml")
     err = fails(["run", spec, "--models", "tiny-llama", "--store", str(store_copy), "--no-progress"], capsys)
     assert "data.source datbench: cannot load config 'chart' from 'DatologyAI/DatBench'" in err
     assert "hint: offline, --data builtin runs the spec on the built-in samples" in err
+    # online, but the hub does not answer: seconds, not half a minute of retries
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    start = time.monotonic()
+    err = fails(["run", spec, "--models", "tiny-llama", "--store", str(store_copy), "--no-progress"], capsys)
+    assert "the Hugging Face hub (http://127.0.0.1:9) is unreachable; set data.path to a local copy" in err
+    assert "set HF_DATASETS_OFFLINE=1 to read it from there" in err and time.monotonic() - start < 20
 
 
 def test_cuda_without_a_gpu(capsys, store_copy, kept_store):

@@ -358,6 +358,13 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _datasets_offline() -> bool:
+    import os
+
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
 def _load_datbench_config(config: str, path: str | Path | None) -> Any:
     try:
         import datasets
@@ -366,6 +373,15 @@ def _load_datbench_config(config: str, path: str | Path | None) -> Any:
     if path is not None and not Path(path).is_dir():
         # Checked here so a missing local folder is never mistaken for a hub repo id.
         _datbench_fail(config, path, "no such folder")
+    if path is None and not _datasets_offline():
+        from .hub import hub_endpoint, hub_reachable
+
+        if not hub_reachable():  # else datasets retries for half a minute per config
+            raise DatBenchError(
+                f"data.source datbench: cannot load config {config!r} from {DATBENCH_REPO!r}: the Hugging Face hub "
+                f"({hub_endpoint()}) is unreachable; set data.path to a local copy: {_DATBENCH_LAYOUT}",
+                hint="offline, --data builtin runs the spec on the built-in samples; if DatBench is in your "
+                "datasets cache, set HF_DATASETS_OFFLINE=1 to read it from there")
     saved = None if path is None else Path(path) / config
     try:
         if saved is not None and ((saved / "dataset_dict.json").is_file() or (saved / "state.json").is_file()):

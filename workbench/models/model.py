@@ -120,30 +120,19 @@ def _check_model_dir(model_id: str, path: Path) -> None:
                          "*.safetensors or pytorch_model*.bin beside it (a save_pretrained checkpoint)")
 
 
-_HUB_REACHABLE: dict[str, bool] = {}
-
-
 def _check_hub_reachable(model_id: str) -> None:
-    """A hub id that is not in the local cache needs the hub. Probe it once (3 s), so an
-    unreachable hub fails in seconds instead of after half a minute of retries per file."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    """A hub id that is not in the local cache needs the hub: say so at once if it cannot be had."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from ..hub import hub_endpoint, hub_offline, hub_reachable
 
     if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
         return  # cached: transformers reads it without the network
-    if constants.HF_HUB_OFFLINE:
+    if hub_offline():
         raise ModelError(f"model {model_id!r} is not in the local Hugging Face cache and the hub is off "
                          "(HF_HUB_OFFLINE=1)", hint=TINY_HINT)
-    endpoint = constants.ENDPOINT
-    if endpoint not in _HUB_REACHABLE:
-        import httpx
-
-        try:
-            httpx.head(endpoint, timeout=3.0)
-            _HUB_REACHABLE[endpoint] = True
-        except httpx.HTTPError:
-            _HUB_REACHABLE[endpoint] = False
-    if not _HUB_REACHABLE[endpoint]:
-        raise ModelError(f"model {model_id!r}: the Hugging Face hub ({endpoint}) is unreachable and the model is "
+    if not hub_reachable():
+        raise ModelError(f"model {model_id!r}: the Hugging Face hub ({hub_endpoint()}) is unreachable and the model is "
                          "not in the local cache", hint=TINY_HINT)
 
 
