@@ -340,3 +340,11 @@ def test_import_installs_no_warnings_filter():
 def test_import_leaves_zarr_config_alone():
     done = _import_changes("assert dict(zarr.config.get('array')) == before, 'zarr config changed'")
     assert done.returncode == 0, done.stderr
+
+
+def test_validate_points_to_the_next_command_and_is_silent_with_q(capsys):
+    spec = str(REPO / "specs" / "demo.yaml")
+    assert main(["validate", spec]) == 0
+    out = capsys.readouterr().out
+    assert "valid — 2 model(s), 4 condition(s)" in out and f"or workbench run {spec}" in out
+    assert main(["-q", "validate", spec]) == 0 and capsys.readouterr() == ("", "")

@@ -38,12 +38,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     plans = compile_all(spec) if args.models_check else []
+    if args.quiet:
+        return 0
     n_conditions = len(spec.expand_conditions())
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")
+    check = "" if args.models_check else f"workbench validate {args.spec} --models-check (each model's config), or "
+    print(f"next: {check}workbench run {args.spec}")
     return 0
 
 
