@@ -138,17 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     _verbosity(parser, False)
+    # -q/-v also after the command: SUPPRESS keeps the top level's value unless given there
+    common = argparse.ArgumentParser(add_help=False)
+    _verbosity(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _add_parser = sub.add_parser
 
-    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        command = _add_parser(name, **kwargs)
-        _verbosity(command, argparse.SUPPRESS)  # -q/-v also after the command; the top level's default holds
-        return command
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
-
-    run = sub.add_parser("run", help="run a spec into its store (resumes an interrupted run)",
+    run = sub.add_parser("run", parents=[common], help="run a spec into its store (resumes an interrupted run)",
                          description="Run every (model, sample, condition) of SPEC that its store does not hold yet.")
     run.add_argument("spec", help="path to a YAML experiment spec")
     run.add_argument("--store", help="store path (overrides the spec's store.path)")
@@ -164,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "NDIF_API_KEY); or on the server at URL; 'local' runs nnsight's in-process simulation")
     run.set_defaults(func=cmd_run)
 
-    validate = sub.add_parser("validate", help="check a spec without running it",
+    validate = sub.add_parser("validate", parents=[common], help="check a spec without running it",
                               description="Validate SPEC; with --models-check also against each model's config.")
     validate.add_argument("spec")
     validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
@@ -172,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also compile the plan against each model's config (loads configs, not weights)")
     validate.set_defaults(func=cmd_validate)
 
-    info = sub.add_parser("info", help="what a store holds", description="Models, conditions, samples, "
+    info = sub.add_parser("info", parents=[common], help="what a store holds", description="Models, conditions, samples, "
                           "layers and sizes in STORE, and any damage left by an interrupted run.")
     info.add_argument("store")
     info.add_argument("--json", action="store_true", help="print as JSON")
@@ -180,11 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from analyses import commands  # argparse only: the analyses themselves load on use
 
-    analyze = sub.add_parser("analyze", help=commands.ANALYZE_HELP, description=commands.ANALYZE_DESCRIPTION)
+    analyze = sub.add_parser("analyze", parents=[common], help=commands.ANALYZE_HELP, description=commands.ANALYZE_DESCRIPTION)
     commands.add_analyze_arguments(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
-    report = sub.add_parser("report", help=commands.REPORT_HELP, description=commands.REPORT_DESCRIPTION)
+    report = sub.add_parser("report", parents=[common], help=commands.REPORT_HELP, description=commands.REPORT_DESCRIPTION)
     commands.add_report_arguments(report)
     report.set_defaults(func=cmd_report)
     return parser
