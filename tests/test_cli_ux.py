@@ -32,7 +32,7 @@ def test_validate_refuses_a_capture_run_would_refuse(tmp_path, capsys):
     assert not store.exists()
 
 
-def test_source_cycle_is_refused_before_any_model_loads(tmp_path, capsys):
+def test_source_cycle_is_refused_before_any_model_loads(tmp_path, capsys, store_copy):
     spec, store = write_spec(tmp_path, """\
 models: [tiny-llama]
 conditions:
@@ -44,6 +44,7 @@ capture: [{site: layer}]
         assert main(command) == 2
         assert "spec.yaml:4: conditions.a.interventions[0].from: source cycle a -> b -> a" in capsys.readouterr().err
     assert not store.exists()
+    assert main(["run", str(spec), "--store", str(store_copy)]) == 2  # an existing store is left as it was
 
 
 def test_a_source_chain_six_deep_runs(tmp_path, capsys):
@@ -64,7 +65,7 @@ capture: [{{site: layer, layers: [2]}}]
     assert (hidden["c0"] == hidden["c6"]).all()  # c0 copies c1 ... copies c6's scaled stream
 
 
-def test_two_projector_edits_on_qwen3vl_are_refused_by_validate_and_run(tmp_path, capsys):
+def test_two_projector_edits_on_qwen3vl_are_refused_by_validate_and_run(tmp_path, capsys, store_copy):
     spec, store = write_spec(tmp_path, """\
 models: [tiny-qwen3vl]
 data: {source: builtin, n: 1}
@@ -82,6 +83,7 @@ capture: [{site: layer, layers: [1]}]
     assert main(["run", str(spec), "--no-progress"]) == 2
     assert expected in capsys.readouterr().err
     assert not store.exists()
+    assert main(["run", str(spec), "--store", str(store_copy)]) == 2  # an existing store is left as it was
 
 
 def test_summary_table_without_layer_0_and_with_a_text_only_condition(tmp_path, capsys):
