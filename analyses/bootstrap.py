@@ -52,6 +52,7 @@ def bootstrap_array(values: np.ndarray, stat: str = "mean", n_resamples: int = N
                     level: float = LEVEL) -> np.ndarray:
     """(..., n) per-sample values -> (..., 3): estimate, CI low, CI high."""
     values = np.asarray(values, dtype=np.float64)
+    values = np.where(np.isfinite(values), values, np.nan)  # an Inf is no value either (it would own the mean)
     shape, n = values.shape[:-1], values.shape[-1]
     flat = values.reshape(-1, n)
     if stat not in ("mean", "median"):

@@ -8,9 +8,13 @@ module level, so building the CLI's parser stays cheap.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
-TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
+# default condition names; an explicit --reference/--blank/... must name a condition of the store
+CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid"}
+
+TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
 ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
 ANALYZE_DESCRIPTION = (
     "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
@@ -27,20 +31,57 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="recompute cached analyses")
     parser.add_argument("--models", type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
                         help="comma-separated model ids (default: every model in the store)")
-    parser.add_argument("--reference", default="baseline", help="reference (real image) condition (default: baseline)")
-    parser.add_argument("--blank", default="blank", help="blank-image condition (default: blank)")
-    parser.add_argument("--text-only", default="none", help="no-image condition (default: none)")
-    parser.add_argument("--hybrid", default="hybrid", help="KV-substitution condition (default: hybrid)")
-    parser.add_argument("--sweep", default="alpha", help="swept variable of the α tables (default: alpha)")
+    parser.add_argument("--reference", help="reference (real image) condition (default: baseline)")
+    parser.add_argument("--blank", help="blank-image condition (default: blank)")
+    parser.add_argument("--text-only", help="no-image condition (default: none)")
+    parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")
+    parser.add_argument("--sweep", help="swept variable of the α tables (default: alpha)")
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
 
 
+def did_you_mean(value: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _table_name(value: str) -> str:
     if value not in TABLE_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown table {value!r}; choose from {', '.join(TABLE_NAMES)}")
+        raise argparse.ArgumentTypeError(f"unknown table {value!r}{did_you_mean(value, list(TABLE_NAMES))}; "
+                                         f"expected one of {', '.join(TABLE_NAMES)}")
     return value
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Argument values that must name something in the store (models, conditions, the swept
+    variable) are checked against it, with the same did-you-mean as spec fields: a typo is an
+    error (exit 2), not a report of skipped tables. Fills in the defaults of those left out."""
+    from workbench.errors import BadInputError
+
+    from .streaming import layout
+    from .tables import open_models
+
+    stored = open_models(args.store)  # raises StoreError if there is no store
+    if args.models:
+        for i, model in enumerate(args.models):
+            if model not in stored:
+                raise BadInputError(f"--models[{i}]: no model {model!r} in {args.store}"
+                                    f"{did_you_mean(model, list(stored))}; expected one of {', '.join(stored)}")
+    chosen = [stored[m] for m in (args.models or stored)]
+    conditions = sorted({c for ds in chosen for dim in ("token", "run") for c in layout(ds, dim).conditions})
+    for name, default in CONDITION_DEFAULTS.items():
+        value = getattr(args, name)
+        if value is not None and value not in conditions:
+            option = "--" + name.replace("_", "-")
+            raise BadInputError(f"{option}: no condition {value!r} in {args.store}{did_you_mean(value, conditions)}; "
+                                f"expected one of {', '.join(conditions)}")
+        setattr(args, name, value if value is not None else default)
+    sweeps = sorted({v for ds in chosen for dim in ("token", "run") for v in layout(ds, dim).sweep})
+    if args.sweep is not None and args.sweep not in sweeps:
+        raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
+                            f"expected {'one of ' + ', '.join(sweeps) if sweeps else 'none: the store holds no sweep'}")
+    args.sweep = args.sweep or "alpha"
 
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +105,7 @@ def _options(args: argparse.Namespace):
 def run_analyze(args: argparse.Namespace) -> int:
     from .tables import analyze
 
+    check_arguments(args)
     sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
     return 0
 
@@ -71,6 +113,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
+    check_arguments(args)
     path = write_report(args.store, args.out, _options(args), args.models)
     figures = sorted(p.name for p in path.parent.glob("*.png"))
     print(f"wrote {path} and {len(figures)} figure(s): {', '.join(figures)}")
@@ -79,7 +122,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m analyses analyze|report ...`: the same commands without the workbench CLI."""
-    from workbench.store import StoreError
+    from workbench.errors import WorkbenchError
 
     parser = argparse.ArgumentParser(prog="python -m analyses", description="Analyse a workbench store "
                                      "(needs only numpy, xarray, zarr, dask, pandas, matplotlib).")
@@ -89,6 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run_analyze(args) if args.command == "analyze" else run_report(args)
-    except StoreError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except WorkbenchError as err:
+        print(f"error: {err.user_message()}", file=sys.stderr)
+        return err.exit_code

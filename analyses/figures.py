@@ -13,6 +13,11 @@ Colours are fixed across figures: one per modality (`MODALITY_COLORS`), one per 
 | attention_mass.png        | prefill and decode text → vision attention mass per layer, per model    |
 | kl_vs_alpha.png           | attention KL and logit KL against α (log x), per model                  |
 | kv_cosine_vs_alpha.png    | cos(K′, K) and cos(V′, V) at vision tokens against α (log x), per model |
+| depth.png                 | mean ‖h_l‖ and ‖h_l − h_{l−1}‖/‖h_{l−1}‖ per layer over all tokens, per model |
+
+A figure is drawn only from what the store holds: a curve over layers needs two or more layers,
+a modality is drawn only where it has tokens; a figure none of the models can fill is skipped
+with the reason (`FigureFile.skipped`), never written empty.
 """
 
 from __future__ import annotations
@@ -89,6 +94,14 @@ def _save(fig: Figure, out: Path, name: str) -> Path:
     return path
 
 
+def _two_layers(ds: xr.Dataset) -> list[str]:
+    """A curve over layers needs two or more layers stored."""
+    if "layer" in ds.dims and ds.sizes["layer"] < 2:
+        held = ", ".join(str(int(l)) for l in ds["layer"].values)
+        return [f"two or more layers for a curve over layers (the store holds layer {held})"]
+    return []
+
+
 def _usable(models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]]) -> tuple[dict, list[str]]:
     ok, missing = {}, []
     for model, ds in models.items():
@@ -107,7 +120,7 @@ def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) ->
     ref = options.reference
     title = f"Residual-stream norm and update magnitude per layer ({ref})"
     fig_file = FigureFile("norms_updates.png", title)
-    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,)))
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,)) or _two_layers(ds))
     if not usable:
         fig_file.skipped = "; ".join(missing)
         return fig_file
@@ -134,7 +147,7 @@ def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) 
     ref = options.reference
     title = f"Cosine similarity to the layer-0 hidden state ({ref})"
     fig_file = FigureFile("cosine_to_first.png", title)
-    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)))
+    usable, missing = _usable(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)) or _two_layers(ds))
     if not usable:
         fig_file.skipped = "; ".join(missing)
         return fig_file
@@ -165,7 +178,7 @@ def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
         conditions = set(np.asarray(ds["condition"].values).astype(object).astype(str)) if "token" in ds.dims else set()
         if not lacking and not conditions & {options.blank, options.text_only}:
             lacking = [f"condition {options.blank!r} or {options.text_only!r}"]
-        return lacking
+        return lacking or _two_layers(ds)
 
     usable, missing = _usable(models, need)
     if not usable:
@@ -253,19 +266,24 @@ def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
         fig_file.skipped = "; ".join(missing)
         return fig_file
     colors = model_colors(list(models))
-    fig, axes = _grid(1, 2, width=5.5, height=3.8)
+    kinds = [k for k in ("decode_attention", "logprobs") if any(k in ds.data_vars for ds in usable.values())]
+    fig, axes = _grid(1, len(kinds), width=5.5, height=3.8)  # a panel only for what the store holds
+    panel = {kind: axes[0, i] for i, kind in enumerate(kinds)}
     for model, ds in usable.items():
         panels = []
         if "decode_attention" in ds.data_vars:
-            panels.append((axes[0, 0], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
+            panels.append((panel["decode_attention"], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
         if "logprobs" in ds.data_vars:
-            panels.append((axes[0, 1], logits.logit_kl(ds, ref, options.step, **options.boot())))
+            panels.append((panel["logprobs"], logits.logit_kl(ds, ref, options.step, **options.boot())))
         for ax, est in panels:
             x, est = _alpha_series(ds, est, sweep)
             _band(ax, x, est, colors[model], model, marker="o")
-    axes[0, 0].set(title=f"attention over vision keys (decode step {options.step};\nmean over layers and heads)",
-                   ylabel=f"KL({ref} ‖ condition) (nats)")
-    axes[0, 1].set(title=f"next-token distribution\n(decode step {options.step})", ylabel=f"KL({ref} ‖ condition) (nats)")
+    if "decode_attention" in panel:
+        panel["decode_attention"].set(title=f"attention over vision keys (decode step {options.step};\nmean over "
+                                      "layers and heads)", ylabel=f"KL({ref} ‖ condition) (nats)")
+    if "logprobs" in panel:
+        panel["logprobs"].set(title=f"next-token distribution\n(decode step {options.step})",
+                              ylabel=f"KL({ref} ‖ condition) (nats)")
     for ax in axes[0]:
         ax.set(xscale="log", xlabel=ALPHA_LABEL)
         ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
@@ -312,6 +330,35 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
     return fig_file
 
 
+def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `depth` table as curves: norm growth and the update ratio per layer, one line per model."""
+    from .tables import depth_table
+
+    ref = options.reference
+    title = f"Residual-stream norm and update ratio by depth (all tokens, {ref})"
+    fig_file = FigureFile("depth.png", title)
+    table = depth_table(models, options)
+    if table.skipped or table.data is None:
+        fig_file.skipped = table.skipped or "no model in the store"
+        return fig_file
+    data = table.data
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, 2)
+    for model in data.model.values:
+        row = data.sel(model=model)
+        _band(axes[0, 0], row.layer, row["norm"], colors[str(model)], str(model), marker="o")
+        _band(axes[0, 1], row.layer, row["relative_update"], colors[str(model)], str(model), marker="o")
+    axes[0, 0].set(title="‖h_l‖₂ (mean over tokens)", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
+                   yscale="log")
+    axes[0, 1].set(title="‖h_l − h_(l−1)‖₂ / ‖h_(l−1)‖₂", xlabel=LAYER_LABEL, ylabel="update ratio (unitless)")
+    for ax in axes[0]:
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
     "norms_updates": norms_updates,
     "cosine_to_first": cosine_to_first,
@@ -319,6 +366,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "attention_mass": attention_mass,
     "kl_vs_alpha": kl_vs_alpha,
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
+    "depth": depth,
 }
 
 

@@ -57,18 +57,23 @@ def norm_ratio(ds: xr.Dataset, layer: int = 0) -> pd.Series:
 
 
 def norm_table(store: str | Path, layer: int = 0) -> str:
-    """Markdown: model | condition | vision/text norm ratio at `layer` (n samples)."""
+    """Markdown: model | condition | vision/text norm ratio at `layer` (the first captured layer
+    where a model's store lacks `layer`). A condition without vision tokens (`image: none`) says
+    so instead of printing NaN."""
     from workbench.store import list_models, open_store
 
-    rows = ["| model | condition | vision/text norm ratio (layer %d) |" % layer, "|---|---|---|"]
+    rows = ["| model | condition | layer | vision/text norm ratio |", "|---|---|---|---|"]
     for model in list_models(store):
         ds = open_store(store, model=model)
-        if "hidden" not in ds:
+        if "hidden" not in ds or not ds.sizes.get("layer"):
             continue
-        ratios = norm_ratio(ds, layer)
-        for condition in sorted(ratios.index, key=condition_sort_key):
-            value = ratios[condition]
-            rows.append(f"| {model} | {condition} | {value:.3f} |")
+        layers = [int(l) for l in ds["layer"].values]
+        at = layer if layer in layers else layers[0]
+        ratios = norm_ratio(ds, at)
+        for condition in sorted(set(ds["condition"].values.tolist()), key=condition_sort_key):
+            value = ratios.get(condition, float("nan"))
+            shown = f"{value:.3f}" if np.isfinite(value) else "n/a (no vision or text tokens)"
+            rows.append(f"| {model} | {condition} | {at} | {shown} |")
     return "\n".join(rows)
 
 

@@ -12,9 +12,12 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `alpha`           | model × α            | norm ratio, attention KL (`attention.vision_attention_kl`), logit KL (`logits.logit_kl`), median rank (`logits.median_rank`) |
 | `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
 | `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid) (`kv.kv_substitution`)           |
+| `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
-saying what is missing; a table no model can fill is skipped with that line.
+saying what is missing; a table no model can fill is skipped with that line. Within a column every
+number has the same format: fixed decimals, or scientific notation for the whole column when one
+of its numbers would print as zero.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from workbench.store import StoreError, list_models
 from . import attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
-from .streaming import condition_sort_key, layout
+from .streaming import as_str, condition_sort_key, layout
 
-TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution")
+TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
 
 
 @dataclass
@@ -61,35 +64,70 @@ class Table:
     name: str
     title: str
     columns: list[str]
-    rows: list[list[str]] = field(default_factory=list)
+    rows: list[list["str | Cell"]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     data: xr.Dataset | None = None
     skipped: str | None = None
+
+    def formatted_rows(self) -> list[list[str]]:
+        """The rows as text, each column of estimates in one format (`Cell.format`)."""
+        scientific = {j for j in range(len(self.columns))
+                      if any(isinstance(row[j], Cell) and row[j].needs_scientific() for row in self.rows)}
+        return [[c.format(j in scientific) if isinstance(c, Cell) else str(c) for j, c in enumerate(row)]
+                for row in self.rows]
 
     def markdown(self) -> str:
         if self.skipped:
             return f"*{self.title}: skipped — {self.skipped}*"
         lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
                  "|" + "|".join("---" for _ in self.columns) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        lines += ["| " + " | ".join(row) + " |" for row in self.formatted_rows()]
         if self.notes:
             lines += [""] + [f"{note}  " for note in self.notes]
         return "\n".join(lines)
 
 
-def cell(estimate: xr.DataArray, digits: int = 2) -> str:
-    """`value [low, high]` of a summarized scalar (dim `stat`)."""
-    v, lo, hi = (float(estimate.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
-    if not math.isfinite(v):
-        return "n/a"
-    small = 0 < max(abs(v), abs(hi), abs(lo)) < 0.5 * 10.0**-digits   # would print as 0.00 [0.00, 0.00]
+@dataclass(frozen=True)
+class Cell:
+    """An estimate with its CI, formatted with its column (`Table.formatted_rows`): `value [low,
+    high]` with `digits` decimals, or in scientific notation where fixed decimals would print a
+    non-zero number as 0.00; `n/a` when there is no estimate."""
 
-    def fmt(x: float) -> str:
-        if small:
-            return f"{x:.1e}"
-        return f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
+    value: float
+    low: float
+    high: float
+    digits: int = 2
 
-    return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
+    def needs_scientific(self) -> bool:
+        if not math.isfinite(self.value):
+            return False
+        return 0 < max(abs(self.value), abs(self.high), abs(self.low)) < 0.5 * 10.0**-self.digits
+
+    def format(self, scientific: bool | None = None) -> str:
+        if not math.isfinite(self.value):
+            return "n/a"
+        scientific = self.needs_scientific() if scientific is None else scientific
+
+        def fmt(x: float) -> str:
+            if scientific:
+                return f"{x:.1e}"
+            return f"{round(x, self.digits) + 0.0:.{self.digits}f}"  # + 0.0: no "-0.000"
+
+        return f"{fmt(self.value)} [{fmt(self.low)}, {fmt(self.high)}]"
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def estimate(summary: xr.DataArray, digits: int = 2) -> Cell:
+    """A table cell: the estimate and CI of a summarized scalar (dim `stat`)."""
+    v, lo, hi = (float(summary.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
+    return Cell(v, lo, hi, digits)
+
+
+def cell(summary: xr.DataArray, digits: int = 2) -> str:
+    """`value [low, high]` of a summarized scalar on its own (in a table, its column decides)."""
+    return str(estimate(summary, digits))
 
 
 def _ci_note(options: Options, counts: dict[str, set[int]], medians: bool = False) -> str:
@@ -140,12 +178,30 @@ def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
     return data.assign_coords(extra)
 
 
+EXCLUDED_COLUMN = "samples excluded (non-finite)"
+
+
+def without_nonfinite(ds: xr.Dataset) -> tuple[xr.Dataset, int]:
+    """`ds` without every sample that has a NaN or Inf capture in any condition (the store's
+    `nonfinite` count per run), and how many samples that drops. A sample goes from every
+    condition at once, so comparisons between conditions stay paired."""
+    if "nonfinite" not in ds.data_vars or "run" not in ds.dims:
+        return ds, 0
+    flagged = np.asarray(ds["nonfinite"].values) > 0
+    if not flagged.any():
+        return ds, 0
+    bad = set(as_str(ds["run_sample"].values)[flagged].tolist())
+    keep_tokens = ~np.isin(as_str(ds["sample"].values), list(bad))
+    keep_runs = ~np.isin(as_str(ds["run_sample"].values), list(bad))
+    return ds.isel(token=keep_tokens, run=keep_runs), len(bad)
+
+
 class _Builder:
     """Runs one table over every model: rows from `fill(model, ds)`, a line for every model that
     lacks inputs, the whole table skipped if none has them."""
 
     def __init__(self, name: str, title: str, columns: list[str], options: Options):
-        self.table = Table(name, title, columns)
+        self.table = Table(name, title, [*columns, EXCLUDED_COLUMN])
         self.options = options
         self.missing: list[str] = []
         self.counts: dict[str, set[int]] = {}
@@ -158,11 +214,15 @@ class _Builder:
             if lacking:
                 self.missing.append(f"{model}: needs {', '.join(lacking)}")
                 continue
+            ds, excluded = without_nonfinite(ds)
+            first_row = len(self.table.rows)
             try:
                 data = fill(model, ds)
             except MissingInputs as err:
                 self.missing.append(f"{model}: {err}")
                 continue
+            for row in self.table.rows[first_row:]:
+                row.append(str(excluded))
             if data is not None:
                 self.data.append(_with_model(data, model))
         table = self.table
@@ -190,11 +250,24 @@ def norm_ratio_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         ratio = norms.vision_text_ratio(ds, layer=0, **options.boot()).sel(condition=ref)
-        b.table.rows.append([model, cell(ratio, 2)])
+        b.table.rows.append([model, estimate(ratio, 2)])
         b.count(model, ratio)
         return ratio.to_dataset(name="norm_ratio")
 
-    return b.run(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)), fill)
+    return b.run(models, lambda ds: _missing(ds, ("hidden",), (ref,), (0,)) + _lacks_modalities(ds, ref), fill)
+
+
+def _modalities(ds: xr.Dataset, condition: str) -> set[str]:
+    """The modalities with tokens under `condition` (a text-only model or `image: none` has no vision)."""
+    if "modality" not in ds.coords or "condition" not in ds.coords:
+        return set()
+    where = as_str(ds["condition"].values) == condition
+    return set(as_str(ds["modality"].values)[where].tolist())
+
+
+def _lacks_modalities(ds: xr.Dataset, condition: str, wanted: tuple[str, ...] = ("vision", "text")) -> list[str]:
+    present = _modalities(ds, condition)
+    return [f"{m} tokens under {condition!r}" for m in wanted if m not in present]
 
 
 def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -205,9 +278,9 @@ def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         rel = updates.relative_update(ds, **options.boot()).sel(condition=ref, layer=1)
         cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref, layer=1)
-        for modality in ("vision", "text"):
-            b.table.rows.append([model, modality.capitalize(), cell(rel.sel(modality=modality), 2),
-                                 cell(cos.sel(modality=modality), 2)])
+        for modality in [m for m in ("vision", "text") if m in _modalities(ds, ref)]:
+            b.table.rows.append([model, modality.capitalize(), estimate(rel.sel(modality=modality), 2),
+                                 estimate(cos.sel(modality=modality), 2)])
             b.count(model, rel.sel(modality=modality), cos.sel(modality=modality))
         return xr.Dataset({"relative_update": rel.drop_vars("n_samples"), "cos_first": cos.drop_vars("n_samples")})
 
@@ -226,6 +299,9 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         lacking = _missing(ds, ("hidden",), (ref,))
         if not lacking and not set(present) & set(layout(ds).conditions):
             lacking = [f"condition {' or '.join(repr(c) for c in wanted)}"]
+        if not lacking and ds.sizes.get("layer", 0) < 3:  # a correlation over 2 points is always ±1
+            held = ", ".join(str(int(l)) for l in ds["layer"].values)
+            lacking = [f"three or more layers for a correlation over layers (the store holds layer {held})"]
         return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
@@ -233,7 +309,7 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         row = [model]
         for c in present:
             for metric in ("norm", "cosine"):
-                row.append(cell(r[metric].sel(condition=c), 4) if c in r.condition.values else "n/a")
+                row.append(estimate(r[metric].sel(condition=c), 4) if c in r.condition.values else "n/a")
             if c in r.condition.values:
                 b.count(model, r["norm"].sel(condition=c))
         b.table.rows.append(row)
@@ -270,8 +346,8 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         parts = {k: v.reindex(condition=names) for k, v in parts.items()}
         for condition, _, label in conditions:
             row = {k: v.sel(condition=condition) for k, v in parts.items()}
-            b.table.rows.append([model, label, cell(row["norm_ratio"], 2), cell(row["attention_kl"], 2),
-                                 cell(row["logit_kl"], 2), cell(row["median_rank"], 1)])
+            b.table.rows.append([model, label, estimate(row["norm_ratio"], 2), estimate(row["attention_kl"], 2),
+                                 estimate(row["logit_kl"], 2), estimate(row["median_rank"], 1)])
             b.count(model, *row.values())
         return xr.Dataset({k: v.rename(n_samples=f"n_samples_{k}") for k, v in parts.items()})
 
@@ -294,7 +370,7 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         data = kv.kv_cosine(ds, ref, "vision", **options.boot()).reindex(condition=[c for c, _, _ in conditions])
         for condition, _, label in conditions:
             row = data.sel(condition=condition)
-            b.table.rows.append([model, label, cell(row["cos_k"], 3), cell(row["cos_v"], 3)])
+            b.table.rows.append([model, label, estimate(row["cos_k"], 3), estimate(row["cos_v"], 3)])
             b.count(model, row["cos_k"], row["cos_v"])
         return data
 
@@ -309,11 +385,50 @@ def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Ta
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         data = kv.kv_substitution(ds, real, blank, hybrid, options.step, **options.boot())
-        b.table.rows.append([model, cell(data["kl_real_hybrid"], 3), cell(data["kl_blank_hybrid"], 3)])
+        b.table.rows.append([model, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3)])
         b.count(model, data["kl_real_hybrid"])
         return data
 
     return b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+
+
+def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Norm growth and per-layer update size with depth over all tokens of the reference condition
+    (each sample's token mean, then the mean over samples with its CI)."""
+    from .bootstrap import summarize
+    from .residual import residual_geometry
+
+    ref = options.reference
+    b = _Builder("depth", f"Residual-stream norm and update size by depth (all tokens, condition {ref})",
+                 ["model", "layer", "mean ‖h_l‖₂", "‖h_l − h_(l−1)‖₂ / ‖h_(l−1)‖₂"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden",), (ref,))
+        if not lacking and ds.sizes.get("layer", 0) < 2:
+            lacking = [f"two or more layers (the store holds layer {', '.join(str(int(l)) for l in ds['layer'].values)})"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        geometry = residual_geometry(ds, force=options.force).sel(condition=ref)
+        tokens = geometry["tokens"]
+        weights = tokens / tokens.sum("modality")  # each modality by its share of a sample's tokens
+        per_sample = xr.Dataset({name: (geometry[name] * weights).sum("modality", min_count=1)
+                                 .where(np.isfinite(geometry[name]).any("modality"))
+                                 for name in ("norm", "relative_update")})
+        data = summarize(per_sample, **options.boot())
+        for layer in data.layer.values:
+            row = data.sel(layer=layer)
+            b.table.rows.append([model, str(int(layer)), estimate(row["norm"], 2), estimate(row["relative_update"], 3)])
+            b.count(model, row["norm"])
+        return data
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, "h_l: the residual stream after l decoder layers (0 = the LLM input). The ratio at "
+                              "layer l is what the l-th decoder layer wrote relative to the stream it read (n/a at "
+                              "layer 0, or where layer l−1 is not stored). Per-token values and massive "
+                              "activations: analyses.depth.")
+    return table
 
 
 BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
@@ -323,6 +438,7 @@ BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
     "alpha": alpha_table,
     "kv-cosine": kv_cosine_table,
     "kv-substitution": kv_substitution_table,
+    "depth": depth_table,
 }
 
 

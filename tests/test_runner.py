@@ -91,8 +91,8 @@ def test_rerun_resumes_without_rewriting(demo_store, capsys):
     spec = demo_store.parent / "store.zarr.yaml"
     before = store_info(demo_store)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
-    out = capsys.readouterr().out
-    assert "skipping" in out and "wrote 0 and skipped 16" in out
+    out = capsys.readouterr()
+    assert "skipping" in out.err and "wrote 0 and skipped 16" in out.out  # notes on stderr, results on stdout
     assert store_info(demo_store)["models"] == before["models"]
 
 
@@ -123,7 +123,8 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     assert killed.returncode == -9, killed.stderr
     partial = store_info(store)
     stored = sum(c["samples"] for m in partial["models"].values() for c in m["conditions"].values())
-    assert 0 < stored < 16
+    # results are committed by the background writer, which may still hold the latest ones
+    assert 0 < stored < 16 if kill_at.startswith("store") else stored < 16
     resumed = run_cli("run", str(spec), "--no-progress", "--no-table")
     assert resumed.returncode == 0, resumed.stderr
     assert f"skipped {stored} of 16" in resumed.stdout

@@ -46,8 +46,8 @@ conditions:
       - {kind: normalize, target: $y}
   patched:
     interventions:
-      - {kind: patch, site: keys, from: blank, positions: [0, 1, 2]}
-      - {kind: zero, site: attention, layers: [1]}
+      - {kind: patch, site: embed, from: blank, positions: [0, 1, 2]}
+      - {kind: zero, site: layer, layers: [1]}
     kv_swap: {donor: baseline, positions: vision, layers: all}
 capture:
   - {site: layer, layers: all}
@@ -217,13 +217,13 @@ BAD_SPECS = {
         "'$beta' is not defined; expected one of this condition's sweep variables: $alpha",
     ),
     "$var without sweep": (
-        mutate("{kind: zero, site: attention, layers: [1]}", "{kind: scale, site: attention, factor: $alpha}"),
+        mutate("{kind: zero, site: layer, layers: [1]}", "{kind: scale, site: layer, factor: $alpha}"),
         "conditions.patched.interventions[1].factor",
         24,
         "'$alpha' is not defined; expected a number, or add 'sweep: {alpha: [...]}'",
     ),
     "patch from a missing condition": (
-        mutate("keys, from: blank", "keys, from: blnk"),
+        mutate("embed, from: blank", "embed, from: blnk"),
         "conditions.patched.interventions[0].from",
         23,
         "unknown condition 'blnk' (did you mean 'blank'?); expected one of",
@@ -245,6 +245,24 @@ BAD_SPECS = {
         "conditions.grid.interventions[0].direction_from",
         19,
         "refers to itself",
+    ),
+    "capture of a site that cannot be captured": (
+        mutate("{site: layer, layers: all}", "{site: vision}"),
+        "capture[0].site",
+        27,
+        "site 'vision' cannot be captured; expected one of layer, attention,",
+    ),
+    "edit of a site that cannot be edited": (
+        mutate("{kind: zero, site: layer, layers: [1]}", "{kind: zero, site: attention, layers: [1]}"),
+        "conditions.patched.interventions[1].site",
+        24,
+        "site 'attention' cannot be edited by 'zero'; expected one of projector,",
+    ),
+    "source cycle": (
+        mutate("  blank:\n    image: blank\n", "  blank:\n    image: blank\n    interventions: [{kind: patch, site: embed, from: patched}]\n"),
+        "conditions.blank.interventions[0].from",
+        12,
+        "source cycle blank -> patched -> blank (each condition reads the next",
     ),
     "bad positions word": (
         mutate("positions: vision}", "positions: image}"),
@@ -504,3 +522,19 @@ def test_mutated_specs_validate_or_raise_spec_error(data):
     else:
         assert isinstance(spec, Spec)
         spec.expand_conditions()
+
+
+def test_a_deep_acyclic_source_chain_is_valid():
+    """Sources may chain to any depth: only cycles are refused (a topological check)."""
+    chain = "".join(f"  c{i}:\n    interventions: [{{kind: patch, site: layer, layers: [1], from: c{i + 1}}}]\n"
+                    for i in range(7))
+    spec = parse_spec(f"name: chain\nmodels: [tiny-llama]\nconditions:\n{chain}  c7: {{}}\n"
+                      "capture: [{site: layer}]\nstore: {path: s.zarr}\n")
+    assert len(spec.expand_conditions()) == 8
+
+
+def test_capturable_and_editable_sites_agree_with_the_plan():
+    from workbench import interventions, plan, spec
+
+    assert spec.EDITABLE_SITES == interventions.EDITABLE_SITES
+    assert plan.CAPTURE_SITES is spec.CAPTURE_SITES

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
 from typing import Any, Sequence
+
+_LOG = logging.getLogger("workbench")
 
 
 def _csv(value: str) -> list[str]:
@@ -34,12 +38,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     plans = compile_all(spec) if args.models_check else []
+    if args.quiet:
+        return 0
     n_conditions = len(spec.expand_conditions())
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")
+    check = "" if args.models_check else f"workbench validate {args.spec} --models-check (each model's config), or "
+    print(f"next: {check}workbench run {args.spec}")
     return 0
 
 
@@ -66,24 +74,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.shard is not None:
         spec = spec.with_overrides(store_path=shard_store_path(str(spec.store.path), args.shard))
     tune_allocator()
+    quiet = args.quiet
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
-                           progress=not args.no_progress, remote=args.remote, shard=args.shard)
+                           progress=not (args.no_progress or quiet), remote=args.remote, shard=args.shard)
     except RemoteRunError as err:
         if err.exit_code == 2:  # a setup error (no key, a refused version): checked before the store is touched
             raise
         print(f"error: {err}\nEverything already written to {spec.store.path} is kept; run the same command "
               "again to resume.", file=sys.stderr)
         return 1
+    if summary.nonfinite:
+        _LOG.warning(f"{len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in the "
+                     "'nonfinite' variable):\n  " + "\n  ".join(summary.nonfinite[:20]))
+    if quiet:
+        return 0
     print(f"wrote {summary.written} and skipped {summary.skipped} of {summary.total} "
           f"(model, sample, condition) results into {summary.store}")
-    if summary.nonfinite:
-        print(f"warning: {len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in "
-              f"the 'nonfinite' variable):", *summary.nonfinite[:20], sep="\n  ")
     if not args.no_table and summary.total:
         from analyses.norms import print_norm_table
 
         print_norm_table(summary.store)
+    print(f"next: workbench analyze {summary.store}    (tables; `workbench report {summary.store} --out DIR` "
+          "for figures, `workbench info` for what is stored)")
     return 0
 
 
@@ -174,14 +187,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Run declarative VLM interpretability experiments (YAML specs) through nnsight "
         "into a labeled zarr store, and inspect the store.",
+        epilog="Start with: workbench run specs/demo.yaml, then workbench analyze stores/demo.zarr.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    _verbosity(parser, False)
+    # -q/-v also after the command: SUPPRESS keeps the top level's value unless given there
+    common = argparse.ArgumentParser(add_help=False)
+    _verbosity(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a spec into its store (resumes an interrupted run)",
+    run = sub.add_parser("run", parents=[common], help="run a spec into its store (resumes an interrupted run)",
                          description="Run every (model, sample, condition) of SPEC that its store does not hold yet.")
     run.add_argument("spec", help="path to a YAML experiment spec")
     run.add_argument("--store", help="store path (overrides the spec's store.path)")
@@ -200,15 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
                      "NDIF_API_KEY); or on the server at URL; 'local' runs nnsight's in-process simulation")
     run.set_defaults(func=cmd_run)
 
-    ndif = sub.add_parser("ndif", help="NDIF: what the server serves", description="Commands about the NDIF server.")
+    ndif = sub.add_parser("ndif", parents=[common], help="NDIF: what the server serves",
+                          description="Commands about the NDIF server.")
     ndif_sub = ndif.add_subparsers(dest="ndif_command", required=True)
-    ndif_status = ndif_sub.add_parser("status", help="the models the server deploys, as a table",
+    ndif_status = ndif_sub.add_parser("status", parents=[common], help="the models the server deploys, as a table",
                                       description="List the server's deployed models (GET /status): repo id, "
                                       "revision, task, level, state, class. The host is NDIF_HOST, else nnsight's.")
     ndif_status.add_argument("--remote", type=_remote_target, default=None, metavar="URL", help="another server")
     ndif_status.set_defaults(func=cmd_ndif_status)
 
-    validate = sub.add_parser("validate", help="check a spec without running it",
+    validate = sub.add_parser("validate", parents=[common], help="check a spec without running it",
                               description="Validate SPEC; with --models-check also against each model's config.")
     validate.add_argument("spec")
     validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
@@ -216,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also compile the plan against each model's config (loads configs, not weights)")
     validate.set_defaults(func=cmd_validate)
 
-    info = sub.add_parser("info", help="what a store holds", description="Models, conditions, samples, "
+    info = sub.add_parser("info", parents=[common], help="what a store holds", description="Models, conditions, samples, "
                           "layers and sizes in STORE, and any damage left by an interrupted run.")
     info.add_argument("store")
     info.add_argument("--json", action="store_true", help="print as JSON")
@@ -224,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--snapshot", help="describe a past state: a run tag (run-1) or a snapshot id")
     info.set_defaults(func=cmd_info)
 
-    merge = sub.add_parser("merge", help="merge the stores of a sharded run (run --shard k/N) into one",
+    merge = sub.add_parser("merge", parents=[common], help="merge the stores of a sharded run (run --shard k/N) into one",
                            description="Merge the stores written by `workbench run SPEC --shard k/N` for k = 0..N-1 "
                            "into OUT, a store equal to a single run's (rows in the same order, labels, identities, "
                            "and every shard's provenance). Resumes an interrupted merge.")
@@ -232,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("shards", nargs="+", help="the shard stores")
     merge.set_defaults(func=cmd_merge)
 
-    verify = sub.add_parser("verify", help="read every chunk of a store and check its checksum",
+    verify = sub.add_parser("verify", parents=[common], help="read every chunk of a store and check its checksum",
                             description="Read every chunk of STORE's last commit, check each CRC-32C, and report "
                             "each damaged chunk by model, condition, variable and row range (exit 1 if any).")
     verify.add_argument("store")
@@ -242,14 +264,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     from analyses import commands  # argparse only: the analyses themselves load on use
 
-    analyze = sub.add_parser("analyze", help=commands.ANALYZE_HELP, description=commands.ANALYZE_DESCRIPTION)
+    analyze = sub.add_parser("analyze", parents=[common], help=commands.ANALYZE_HELP, description=commands.ANALYZE_DESCRIPTION)
     commands.add_analyze_arguments(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
-    report = sub.add_parser("report", help=commands.REPORT_HELP, description=commands.REPORT_DESCRIPTION)
+    report = sub.add_parser("report", parents=[common], help=commands.REPORT_HELP, description=commands.REPORT_DESCRIPTION)
     commands.add_report_arguments(report)
     report.set_defaults(func=cmd_report)
     return parser
+
+
+def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="only warnings and errors: no progress bar, notes, tables or hints")
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="more detail, and the traceback of an error")
+
+
+class _StderrHandler(logging.Handler):
+    """Log records to the current stderr, through tqdm so a progress bar stays intact."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001  (logging must never raise)
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        return f"{record.levelname.lower()}: {message}" if record.levelno >= logging.WARNING else message
+
+
+def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """The `workbench` logger to stderr: INFO by default, WARNING with -q, DEBUG with -v."""
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter())
+    _LOG.handlers[:] = [handler]
+    _LOG.propagate = False
+    _LOG.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    from .errors import Terminated
+
+    raise Terminated()
 
 
 def _quiet_libraries() -> None:
@@ -267,16 +330,41 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errors import WorkbenchError
+    from .errors import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, Terminated, WorkbenchError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `workbench`: the help, not an error
+        parser.print_help()
+        return 0
+    configure_logging(args.quiet, args.verbose)
     if args.command in ("run", "validate"):  # the commands that load models
         _quiet_libraries()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
     try:
         return args.func(args)
-    except WorkbenchError as err:  # expected failures: one message, no traceback
+    except Interrupted as err:  # a run stopped by Ctrl-C / SIGTERM: how much is stored, how to go on
+        print(str(err), file=sys.stderr)
+        return err.exit_code
+    except WorkbenchError as err:  # expected failures: one message, no traceback (unless -v)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
         print(f"error: {err.user_message()}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt as exc:  # outside a run (analyze, report, loading): nothing to resume
+        print("interrupted", file=sys.stderr)
+        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ __all__ = [
     "folder_samples",
     "load_samples",
     "DatBenchError",
+    "SampleFileError",
     "CATEGORIES",
     "DATBENCH_REPO",
 ]
@@ -206,9 +207,24 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 FOLDER_QUESTION = "Describe the image."
 
 
-def _open_rgb(path: Path) -> Image.Image:
-    with Image.open(path) as image:
-        return image.convert("RGB")  # convert() loads pixels, so the file can close
+class SampleFileError(DataError, ValueError):
+    """A sample file (a JSONL record, an image) cannot be read; the message names the file and line."""
+
+
+def _open_rgb(path: Path, where: str) -> Image.Image:
+    """The image at `path` as RGB; `where` locates the reference (file:line) in messages."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")  # convert() loads pixels, so the file can close
+    except FileNotFoundError:
+        raise SampleFileError(f"{where}: image {str(path)!r} does not exist; expected an image file "
+                              "(a path relative to the JSONL file)") from None
+    except Image.DecompressionBombError as exc:
+        raise SampleFileError(f"{where}: image {str(path)!r} is too large to open safely ({exc}); expected at most "
+                              f"{Image.MAX_IMAGE_PIXELS} pixels", hint="downscale the image") from None
+    except (Image.UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise SampleFileError(f"{where}: image {str(path)!r} cannot be decoded ({type(exc).__name__}: {exc}); "
+                              "expected a readable PNG, JPEG, WebP, BMP or GIF file") from None
 
 
 def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
@@ -217,6 +233,9 @@ def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
     path = Path(path)
     samples: list[Sample] = []
     seen: set[str] = set()
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "missing"
+        raise SampleFileError(f"data.path: {str(path)!r} is {what}; expected a JSONL file (one JSON object per line)")
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if len(samples) >= n:
@@ -225,7 +244,7 @@ def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
                 continue
             sample = _jsonl_record(path, number, line)
             if sample.id in seen:
-                raise ValueError(f"{path}:{number}: duplicate sample id {sample.id!r}")
+                raise SampleFileError(f"{path}:{number}: duplicate sample id {sample.id!r}; expected unique ids")
             seen.add(sample.id)
             samples.append(sample)
     return samples
@@ -236,19 +255,20 @@ def _jsonl_record(path: Path, number: int, line: str) -> Sample:
     try:
         record: Any = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+        raise SampleFileError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); expected one JSON object "
+                              'per line, e.g. {"id": "a", "image": "a.png", "question": "..."}') from None
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+        raise SampleFileError(f"{where}: got a JSON {type(record).__name__}; expected a JSON object")
     for key in ("id", "question"):
-        if not isinstance(record.get(key), str) or not record[key]:
-            raise ValueError(f"{where}: expected a non-empty string {key!r}")
+        if not isinstance(record.get(key), str) or not record[key].strip():
+            raise SampleFileError(f"{where}: {key}: got {record.get(key)!r}; expected a non-empty string")
     image = record.get("image")
     if image is not None and not isinstance(image, str):
-        raise ValueError(f"{where}: expected 'image' to be a path or null")
+        raise SampleFileError(f"{where}: image: got {image!r}; expected a path or null")
     answer = record.get("answer")
     return Sample(
         id=record["id"],
-        image=_open_rgb(path.parent / image) if image else None,
+        image=_open_rgb(path.parent / image, where) if image else None,
         question=record["question"],
         category=str(record.get("category") or "jsonl"),
         answer=None if answer is None else str(answer),
@@ -260,13 +280,14 @@ def folder_samples(path: str | Path, n: int) -> list[Sample]:
     question (default: "Describe the image.")."""
     folder = Path(path)
     if not folder.is_dir():
-        raise ValueError(f"{folder}: expected a folder of images")
+        raise SampleFileError(f"data.path: {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; "
+                              "expected a folder of images")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     samples = []
     for file in files[:n]:
         sidecar = file.with_suffix(".txt")
         question = sidecar.read_text(encoding="utf-8").strip() if sidecar.is_file() else FOLDER_QUESTION
-        samples.append(Sample(f"folder/{file.name}", _open_rgb(file), question or FOLDER_QUESTION, "folder"))
+        samples.append(Sample(f"folder/{file.name}", _open_rgb(file, str(file)), question or FOLDER_QUESTION, "folder"))
     return samples
 
 
@@ -340,7 +361,8 @@ def _datbench_fail(config: str, path: str | Path | None, reason: str) -> NoRetur
     hint = "set data.path to a local copy" if path is None else "check data.path"
     raise DatBenchError(
         f"data.source datbench: cannot load config {config!r} from {where!r} ({reason}); "
-        f"{hint}: {_DATBENCH_LAYOUT}"
+        f"{hint}: {_DATBENCH_LAYOUT}",
+        hint="offline, --data builtin runs the spec on the built-in samples",
     )
 
 
@@ -348,6 +370,13 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split()) or "no message"
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+def _datasets_offline() -> bool:
+    import os
+
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def _load_datbench_config(config: str, path: str | Path | None) -> Any:
@@ -358,6 +387,15 @@ def _load_datbench_config(config: str, path: str | Path | None) -> Any:
     if path is not None and not Path(path).is_dir():
         # Checked here so a missing local folder is never mistaken for a hub repo id.
         _datbench_fail(config, path, "no such folder")
+    if path is None and not _datasets_offline():
+        from .hub import hub_endpoint, hub_reachable
+
+        if not hub_reachable():  # else datasets retries for half a minute per config
+            raise DatBenchError(
+                f"data.source datbench: cannot load config {config!r} from {DATBENCH_REPO!r}: the Hugging Face hub "
+                f"({hub_endpoint()}) is unreachable; set data.path to a local copy: {_DATBENCH_LAYOUT}",
+                hint="offline, --data builtin runs the spec on the built-in samples; if DatBench is in your "
+                "datasets cache, set HF_DATASETS_OFFLINE=1 to read it from there")
     saved = None if path is None else Path(path) / config
     try:
         if saved is not None and ((saved / "dataset_dict.json").is_file() or (saved / "state.json").is_file()):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 1
+EXIT_SIGINT = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_SIGTERM = 143  # 128 + SIGTERM
 
 
 class WorkbenchError(Exception):
@@ -57,3 +59,16 @@ class StorePathError(StoreError, BadInputError):
 
 class RemoteError(WorkbenchError):
     """A remote run stopped. Everything already written to the store is kept; rerun to resume."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so both stop a run the same way."""
+
+
+class Interrupted(WorkbenchError):
+    """A run stopped by Ctrl-C (exit 130) or SIGTERM (143). Every stored sample is complete (a write
+    in progress finishes first); rerunning resumes."""
+
+    def __init__(self, message: str, *, terminated: bool = False):
+        super().__init__(message)
+        self.exit_code = EXIT_SIGTERM if terminated else EXIT_SIGINT

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input")
+# readable labels the runner stores beside the ids (workbench.runner.text_labels)
+TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_generated_text")
 DIMS = ("token", "run", "layer", "decoder_layer", "step", "dim", "kv", "head", "vocab")
 VARIABLES = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention", "logprobs", "generated",
              "embed", "final_norm", "n_tokens", "nonfinite")
-RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", *TOKEN_LABELS, *RUN_LABELS, *DIMS, *VARIABLES})
+RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", *TOKEN_LABELS, *RUN_LABELS, *TEXT_LABELS, *DIMS,
+                            *VARIABLES})
 
 
 def reserved_name_problem(name: str) -> str | None:

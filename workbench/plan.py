@@ -13,10 +13,9 @@ from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutpu
 from .records import Record
 from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
 from .sites import VISION_SITES
-from .spec import SpecError
+from .spec import CAPTURE_SITES, SpecError
 
 SpecPath = tuple[Any, ...]
-CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 
 
 class PlanError(SpecError):
@@ -135,7 +134,21 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
         items.append(build_intervention(raw, layers))
+    _projector_order(instance, check, base)
     return tuple(items)
+
+
+def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
+    """Where the projector is several modules (Qwen3-VL: the DeepStack mergers, then the merger),
+    a second edit involving `projector` would ask for a module nnsight has already run past
+    (`OutOfOrderError` mid-run); refuse it here instead."""
+    if len(check.info.arch.projector) < 2:
+        return
+    edits = [j for j, raw in enumerate(instance.interventions) if raw.site in PROJECTOR_SITES]
+    if len(edits) > 1 and any(instance.interventions[j].site == "projector" for j in edits):
+        check.add(base + (edits[1], "site"), f"a second projector edit in one condition ({check.info.arch.family}'s "
+                  "projector is several modules, served once each in execution order); expected one edit of "
+                  "'projector' per condition (fold them into one: scale factors multiply)")
 
 
 def compile_plan(spec: Any, info: Any) -> ModelPlan:

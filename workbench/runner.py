@@ -7,11 +7,17 @@ in the store is skipped, so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata as _md
 import itertools
+import logging
+import os
 import platform
+import signal
 import sys
+import threading
+import warnings
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,6 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .checks import nonfinite_report
+from .errors import Interrupted, Terminated
 from .plan import ModelPlan, compile_plan
 from .store import StoreWriter, Variable
 
@@ -35,6 +42,7 @@ VARIABLE_DIMS = {
     "embed": ("token", "dim"),
     "final_norm": ("token", "dim"),
 }
+_LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
 
@@ -123,9 +131,20 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan], samples:
 
 
 def compile_all(spec: Any) -> list[ModelPlan]:
+    """Every model's plan; a model that cannot be read is reported at its place in the spec."""
+    from .errors import ModelError
     from .models.model import model_info
 
-    return [compile_plan(spec, model_info(model_id)) for model_id in spec.models]
+    plans = []
+    for i, model_id in enumerate(spec.models):
+        try:
+            info = model_info(model_id)
+        except ModelError as err:
+            where = (f"command line: --models[{i}]" if "models" in spec.overrides
+                     else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
+            raise ModelError(f"{where}: {err}", hint=err.hint) from err
+        plans.append(compile_plan(spec, info))
+    return plans
 
 
 def preflight_positions(spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
@@ -143,16 +162,39 @@ def preflight_positions(spec: Any, plans: list[ModelPlan], samples: list[Any]) -
         check_positions(spec, plan.info, lengths)
 
 
-def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.ndarray]]) -> dict[str, Variable]:
-    """The store's variables for one run: token labels plus every capture, with their dims."""
+def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.ndarray]],
+                     text: dict[str, Variable] | None = None) -> dict[str, Variable]:
+    """The store's variables for one run: token labels plus every capture, with their dims, and
+    the readable labels of `text_labels`."""
     variables = {
         "position": Variable(("token",), np.arange(inputs.n_tokens, dtype=np.int64)),
         "modality": Variable(("token",), inputs.modality.astype(str)),
         "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
+        **(text or {}),
     }
     for name, data in {**result.tokens, **result.run}.items():
         variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
     return variables
+
+
+def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[str, Variable]:
+    """What a reader wants next to the ids: each token decoded on its own (`token_text`), and per
+    run the prompt as the model saw it, the question, the generated text (with a `logits`
+    capture) and the sample's category and answer."""
+    ids = [int(i) for i in inputs.input_ids]
+    tokens = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    generated = result.run.get("generated")
+    labels = {
+        "token_text": Variable(("token",), np.array(tokens, dtype=object)),
+        "run_prompt": Variable(("run",), np.array([tokenizer.decode(ids, skip_special_tokens=False)], dtype=object)),
+        "run_question": Variable(("run",), np.array([sample.question], dtype=object)),
+        "run_category": Variable(("run",), np.array([sample.category or ""], dtype=object)),
+        "run_answer": Variable(("run",), np.array([sample.answer or ""], dtype=object)),
+    }
+    if generated is not None:
+        text = tokenizer.decode([int(i) for i in np.asarray(generated).reshape(-1)], skip_special_tokens=False)
+        labels["run_generated_text"] = Variable(("run",), np.array([text], dtype=object))
+    return labels
 
 
 def run_spec(
@@ -161,7 +203,7 @@ def run_spec(
     device: str = "auto",
     dtype: str = "auto",
     progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
     remote: Any = None,
     command: list[str] | None = None,
     shard: tuple[int, int] | None = None,
@@ -174,9 +216,18 @@ def run_spec(
     sample's conditions not yet stored (see workbench.backends.remote).
 
     shard: (k, n) runs only samples k, k+n, k+2n, ... (0 <= k < n): n processes with k = 0..n-1
-    share the work, each into its own store, and `workbench merge` joins their stores."""
+    share the work, each into its own store, and `workbench merge` joins their stores.
+
+    log: where progress notes go (default: the `workbench.runner` logger at INFO). Ctrl-C or
+    SIGTERM (raised as `Terminated` by the CLI) stop it between samples, never inside a write,
+    with `Interrupted` saying how much is stored: results already captured are committed first.
+
+    Results are committed by a background writer (`workbench.writer`) while the next forward
+    runs, through a queue of at most `backend.write_queue_mb` MB (0: each result is written
+    before the next forward)."""
     from .data import input_hash, load_samples
 
+    log = log or _LOG.info
     backend = spec.backend
     remote_config = None
     if remote is not None or getattr(backend, "kind", "local") == "remote":
@@ -185,6 +236,10 @@ def run_spec(
         remote_config = RemoteConfig.resolve(remote, getattr(backend, "kind", "local"))
     device = device if device != "auto" else getattr(backend, "device", "auto")
     dtype = dtype if dtype != "auto" else getattr(backend, "dtype", "auto")
+    if remote_config is None:
+        from .models.model import pick_device
+
+        pick_device(device)  # a missing GPU is refused before anything is loaded or written
     plans = compile_all(spec)
     samples = load_samples(spec.data)
     if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
@@ -233,8 +288,35 @@ def run_spec(
         if remote_config is not None:
             record["backend"] = remote_config.describe()  # where it ran; never the API key
         store.add_provenance(record)
-        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        note = bar.write if log is print else log  # keep the bar intact when printing
+        # stderr, and only on a terminal (disable=None): logs of a batch job get no bar
+        bar = tqdm(total=len(todo), disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
+        run = _Run(spec, store, summary, hashes, bar, log, device, dtype, remote_config, remote_models, first)
+        try:
+            with known_warnings_silenced(), result_writer(store, spec, summary, bar) as writer:
+                run.todo(todo, writer)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
+            bar.close()
+            stored = summary.skipped + summary.written
+            raise Interrupted(f"interrupted: {stored} of {summary.total} stored; rerun to resume",
+                              terminated=isinstance(exc, Terminated)) from None
+        bar.close()
+        summary.tag = store.finish_run()
+    return summary
+
+
+class _Run:
+    """The loop of one run: per model, per sample, its conditions' traces, each result handed to
+    the store writer."""
+
+    def __init__(self, spec: Any, store: StoreWriter, summary: RunSummary, hashes: dict[str, str], bar: Any,
+                 log: Callable[[str], None], device: str, dtype: str, remote_config: Any,
+                 remote_models: dict[str, Any], first: Any):
+        self.spec, self.store, self.summary, self.hashes, self.bar, self.log = spec, store, summary, hashes, bar, log
+        self.device, self.dtype, self.remote_config = device, dtype, remote_config
+        self.remote_models, self.first = remote_models, first
+        self.submitted = 0
+
+    def todo(self, todo: list, writer: Any) -> None:
         model, model_id = None, None
         for _, group in itertools.groupby(todo, key=lambda t: (t[0].info.model_id, t[1].id)):
             group = list(group)
@@ -242,34 +324,88 @@ def run_spec(
             if plan.info.model_id != model_id:
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
-                bar.set_description(f"loading {model_id}")
+                self.bar.set_description(f"loading {model_id}")
                 # attention probabilities are computed from q and k (capture.attention_probabilities),
                 # under the implementation NDIF also runs: no eager switch, locally or remotely
-                attn = "sdpa"
-                model = remote_models.get(model_id) or _load_model(plan, device, dtype, attn, remote_config, note)
-                store.ensure_model(model_id, model.describe())
+                model = self.remote_models.get(model_id) or _load_model(plan, self.device, self.dtype, "sdpa",
+                                                                         self.remote_config, self.log)
+                self.store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]
-            if first is not None and first[0] == (model_id, sample.id):
-                results, first = first[1], None  # run before the store existed (see above)
+            if self.first is not None and self.first[0] == (model_id, sample.id):
+                results, self.first = self.first[1], None  # run before the store existed (see run_spec)
             else:
-                results = _execute_sample(model, inputs_by_image, conditions, plan, remote_config, bar, note)
+                results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar, self.log)
             for condition, result in results:
                 inputs = inputs_by_image[condition.image]
-                variables = sample_variables(inputs, result, plan.capture.coords())
+                variables = sample_variables(inputs, result, plan.capture.coords(),
+                                             text_labels(model.tokenizer, inputs, sample, result))
                 problems = nonfinite_report(variables)
                 variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
                 for line in problems:
-                    summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
-                    bar.write(f"warning: non-finite capture: {summary.nonfinite[-1]}")
-                attrs = {**condition.store_attrs(), "identity": condition_identity(spec, plan, condition)}
-                store.write_sample(model_id, condition.name, sample.id, variables, condition_attrs=attrs,
-                                   input_hash=hashes[sample.id])
-                summary.written += 1
-                bar.update(1)
-        bar.close()
-        summary.tag = store.finish_run()
-    return summary
+                    self.summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
+                    _LOG.warning(f"non-finite capture: {self.summary.nonfinite[-1]}")
+                attrs = {**condition.store_attrs(), "identity": condition_identity(self.spec, plan, condition)}
+                with signals_deferred():
+                    _signal_drill(self.submitted)
+                    writer.put(model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id])
+                    self.submitted += 1
+
+
+@contextlib.contextmanager
+def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any) -> Any:
+    """The background writer (or, with `backend.write_queue_mb: 0`, a synchronous one), counting
+    committed results into `summary` and the progress bar."""
+    from .writer import BackgroundWriter, SyncWriter
+
+    def written(*_: str) -> None:
+        summary.written += 1
+        bar.update(1)
+
+    queue_mb = getattr(spec.backend, "write_queue_mb", 1024)
+    writer = BackgroundWriter(store, queue_mb << 20, written) if queue_mb else SyncWriter(store, written)
+    with writer:
+        yield writer
+
+
+@contextlib.contextmanager
+def known_warnings_silenced() -> Any:
+    """The local backend passes `past_key_values` on purpose (see backends/local.py:
+    _cache_kwargs): silence transformers' rename notice for the runs inside this block only, not
+    process-wide at import."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*`past_key_values` is deprecated.*", category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Any:
+    """Hold SIGINT and SIGTERM while a sample is written: one arriving meanwhile takes effect
+    right after the write commits, so an interrupt never cuts a write (the store's commit
+    protocol would repair it, but a clean stop needs no repair). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if received:
+            signal.raise_signal(received[0])
+
+
+def _signal_drill(written: int) -> None:
+    """Interrupt drills: `WORKBENCH_SIGNAL_AT=<SIGINT|SIGTERM>:<n>` sends this process that signal
+    while the n-th sample of this run is being written (tests check the write completes and the
+    run stops cleanly). Unset, it costs one lookup."""
+    target = os.environ.get("WORKBENCH_SIGNAL_AT")
+    if target:
+        name, _, count = target.partition(":")
+        if written + 1 == int(count):
+            os.kill(os.getpid(), getattr(signal, name))
 
 
 class LazyInputs(dict):

@@ -92,6 +92,10 @@ DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all")
 IMAGE_MODES = ("real", "blank", "none")
 INTERVENTION_KINDS = ("scale", "zero", "add", "patch", "normalize")
+# Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
+# workbench.plan refuses those); kept equal to workbench.interventions.EDITABLE_SITES by a test.
+CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
+EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
 NORMALIZE_TARGETS = ("text_embedding_mean",)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -683,6 +687,9 @@ class BackendSpec(_Model):
     dtype: Annotated[
         Literal["auto", "float32", "bfloat16", "float16"], _one_of(("auto", "float32", "bfloat16", "float16"))
     ] = "auto"
+    # results wait for the background store writer in a queue of at most this many MB (the next
+    # forward runs meanwhile); 0 writes each result before the next forward
+    write_queue_mb: NonNegativeInt = 1024
 
 
 @dataclass(frozen=True)
@@ -754,6 +761,7 @@ class Spec(_Model):
     @model_validator(mode="after")
     def _cross_references(self) -> "Spec":
         problems = _reference_problems(self.conditions) + _name_clash_problems(self.conditions)
+        problems += _site_role_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
         if problems:
             _fail_many(problems)
         return self
@@ -916,6 +924,51 @@ def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[
     if conditions[target].sweep:
         return f"condition '{target}' has a sweep, so it names several runs; expected {expected}"
     return None
+
+
+def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
+    """Sites that exist but cannot play the role asked (e.g. `capture: {site: vision}`): refused
+    here, so `validate` refuses what `run` would, without loading any model."""
+    problems = []
+    for i, item in enumerate(spec.capture):
+        if item.site not in CAPTURE_SITES:
+            problems.append((("capture", i, "site"), f"site {item.site!r} cannot be captured; expected one of "
+                             f"{', '.join(CAPTURE_SITES)} (the projector output is 'hidden' at layer 0 on vision rows)"))
+    for name, cond in spec.conditions.items():
+        for j, iv in enumerate(cond.interventions):
+            if iv.site not in EDITABLE_SITES:
+                problems.append((("conditions", name, "interventions", j, "site"),
+                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(EDITABLE_SITES)}"))
+    return problems
+
+
+def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:
+    """(sub-path, condition) of every source a condition's interventions read (patch, add)."""
+    found = []
+    for i, iv in enumerate(cond.interventions):
+        if iv.kind == "patch":
+            found.append((("interventions", i, "from"), iv.from_))
+        elif iv.kind == "add" and iv.direction_from is not None:
+            found.append((("interventions", i, "direction_from"), iv.direction_from))
+    return found
+
+
+def _source_cycle_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    """Source conditions run before the condition that reads them, so their graph must be acyclic
+    (a topological order exists); a chain of any depth is fine."""
+    import graphlib
+
+    graph = {name: {target for _, target in _condition_sources(cond)} for name, cond in conditions.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        cycle = list(reversed(exc.args[1]))  # graphlib lists each before its reader; reversed, each reads the next
+        owner, target = cycle[0], cycle[1]
+        subpath = next(p for p, t in _condition_sources(conditions[owner]) if t == target)
+        return [(("conditions", owner) + subpath,
+                 f"source cycle {' -> '.join(cycle)} (each condition reads the next, so none can run first); "
+                 "expected sources that do not lead back to this condition")]
+    return []
 
 
 def _name_clash_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:

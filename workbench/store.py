@@ -54,7 +54,7 @@ import xarray as xr
 import zarr
 
 from .errors import StoreError, StorePathError
-from .names import RESERVED_NAMES, RUN_LABELS, TOKEN_LABELS, reserved_name_problem
+from .names import RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
 
 STORE_FORMAT = 2
 BRANCH = "main"
@@ -613,7 +613,10 @@ class StoreWriter:
             return []
         root = self.committed_root()
         for key, condition in conditions:
-            stored = {str(s) for s in root[key][condition]["run_sample"][:]} if "run_sample" in root[key][condition] else set()
+            try:
+                stored = {str(s) for s in root[key][condition]["run_sample"][:]} if "run_sample" in root[key][condition] else set()
+            except Exception:  # the sample list itself is damaged: its samples are named by the damage, if at all
+                stored = {s for d in damage if (d.model_key, d.condition) == (key, condition) for s in d.samples}
             missing = sorted(stored - sample_ids)
             if missing:
                 raise StoreError(
@@ -901,13 +904,13 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
         condition=("token", np.full(n, condition, dtype=object).astype(str)),
         **{name: ("token", np.full(n, value)) for name, value in sweep.items()},
     )
-    tokens = tokens.set_coords([v for v in TOKEN_LABELS if v in tokens.data_vars])
+    tokens = tokens.set_coords([v for v in (*TOKEN_LABELS, *TEXT_LABELS) if v in tokens.data_vars])
     runs = ds[[v for v in ds.data_vars if "run" in ds[v].dims]]
     m = runs.sizes.get("run", 0)
     runs = runs.assign_coords(
         run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
         **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
-    ).set_coords([c for c in ("run_sample", "run_input") if c in runs.data_vars])
+    ).set_coords([c for c in ("run_sample", "run_input", *TEXT_LABELS) if c in runs.data_vars])
     return tokens, runs
 
 
@@ -938,7 +941,7 @@ def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Datas
     return xr.concat(parts, dim=dim, data_vars="minimal", coords="minimal", compat="override", join="outer")
 
 
-def _open_model(store: Any, root: zarr.Group, key: str) -> xr.Dataset:
+def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> xr.Dataset:
     model_group = root[key]
     token_parts, run_parts, sweep_vars = [], [], []
     for condition, group in sorted(model_group.groups()):
@@ -950,15 +953,19 @@ def _open_model(store: Any, root: zarr.Group, key: str) -> xr.Dataset:
     if not token_parts:
         return xr.Dataset(attrs=dict(model_group.attrs))
     tokens = _concat(token_parts, "token", {v: v for v in sweep_vars})
-    tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"])
     runs = _concat(run_parts, "run", {RUN_PREFIX + v: v for v in sweep_vars})
-    runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"])
+    if index:
+        tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"])
+        runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"])
     ds = xr.merge([tokens, runs], compat="override", join="outer")
-    ds.attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
+    # None has no netCDF/zarr attribute form (a local model's revision): such attrs are left out
+    attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
+    ds.attrs = {k: v for k, v in attrs.items() if v is not None}
     return ds
 
 
-def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None) -> xr.DataTree | xr.Dataset:
+def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None,
+               index: bool = True) -> xr.DataTree | xr.Dataset:
     """Open a store for reading, at its last commit (or at `snapshot`: a tag such as `run-1`, or a
     snapshot id from `store_history`).
 
@@ -967,12 +974,16 @@ def open_store(path: str | Path, model: str | None = None, *, snapshot: str | No
     Dataset across all its conditions, with `hidden (token, layer, dim)` and the token labels
     `condition`, sweep values (e.g. `alpha`), `sample`, `position`, `modality`, `token_id`
     indexed together so `ds.sel(condition="baseline", modality="vision", layer=0)` works.
-    Arrays are lazy (dask) and read from that one snapshot, whatever a writer commits meanwhile."""
+    Arrays are lazy (dask) and read from that one snapshot, whatever a writer commits meanwhile.
+
+    `index=False` leaves the labels as plain coordinates (no MultiIndex): then `groupby` over
+    several labels, `query`, `to_netcdf` and `to_zarr` work as on any Dataset (select with
+    `ds.where(...)` or `ds.isel(token=mask)` instead of `.sel`)."""
     with _reading(Path(path)):
-        return _open(Path(path), model, snapshot)
+        return _open(Path(path), model, snapshot, index)
 
 
-def _open(path: Path, model: str | None, snapshot: str | None) -> xr.DataTree | xr.Dataset:
+def _open(path: Path, model: str | None, snapshot: str | None, index: bool = True) -> xr.DataTree | xr.Dataset:
     repo, session = _read_session(path, snapshot)
     root = _root_of(repo, session)
     if model is not None:
@@ -980,8 +991,8 @@ def _open(path: Path, model: str | None, snapshot: str | None) -> xr.DataTree | 
         if key not in root or root[key].attrs.get("workbench_kind") == ANALYSIS_KIND:
             held = ", ".join(g.attrs.get("model_id", k) for k, g in _model_groups(root)) or "no model yet"
             raise StoreError(f"model {model!r} is not in store {path}; it holds: {held}")
-        return _open_model(session.store, root, key)
-    children = {key: xr.DataTree(_open_model(session.store, root, key)) for key, _ in _model_groups(root)}
+        return _open_model(session.store, root, key, index)
+    children = {key: xr.DataTree(_open_model(session.store, root, key, index)) for key, _ in _model_groups(root)}
     tree = xr.DataTree(children=children)
     tree.attrs = {k: (json.dumps(v) if k == "provenance" else v) for k, v in root.attrs.items()}
     return tree
@@ -1018,7 +1029,7 @@ def _info(path: Path, snapshot: str | None) -> dict[str, Any]:
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
                 for name, a in sorted(group.arrays())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
-                if name not in RUN_LABELS + TOKEN_LABELS and list(a.metadata.dimension_names or ()) != [name]
+                if name not in RUN_LABELS + TOKEN_LABELS + TEXT_LABELS and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
                 "samples": int(n_runs),

@@ -99,3 +99,22 @@ class BackgroundWriter:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join()
+
+
+class SyncWriter:
+    """The same interface, writing each result before `put` returns (`backend.write_queue_mb: 0`)."""
+
+    def __init__(self, store: StoreWriter, on_written: Callable[[str, str, str], None] | None = None):
+        self.store = store
+        self.on_written = on_written or (lambda model, condition, sample: None)
+
+    def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
+            condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
+        self.store.write_sample(model_id, condition, sample_id, variables, condition_attrs, input_hash=input_hash)
+        self.on_written(model_id, condition, sample_id)
+
+    def __enter__(self) -> SyncWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

@@ -18,7 +18,6 @@ forward; and no fault hook of its own: the local runner passes `on_trace`.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import nnsight
@@ -38,10 +37,6 @@ class RunResult(Record):
     _fields = ("tokens", "run")
     _factories = {"tokens": dict, "run": dict}
     _mutable = True
-
-
-# we pass `past_key_values` on purpose (see _cache_kwargs): silence transformers' rename notice
-warnings.filterwarnings("ignore", message=".*`past_key_values` is deprecated.*", category=FutureWarning)
 
 
 def _cache_kwargs(cache: Any) -> dict[str, Any]:
@@ -120,11 +115,10 @@ def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, .
 
 
 def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
-             depth: int = 0, on_trace: Any = None) -> tuple[Any, ...]:
+             on_trace: Any = None) -> tuple[Any, ...]:
     """The condition's interventions ready to run: defaults resolved from the model, values from
-    source conditions (patch, add direction_from) read by running those conditions first."""
-    if depth > 4:
-        raise RuntimeError(f"condition {condition.name!r}: source conditions nest too deeply")
+    source conditions (patch, add direction_from) read by running those conditions first (the
+    spec refuses source cycles, so this recursion ends at any depth)."""
     resolved = []
     inputs = inputs_by_image[condition.image]
     for item in condition.interventions:
@@ -134,7 +128,7 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
         if source:
             reader = SiteValues(item.site, item.layers, item.positions)
             source_plan = plan.condition(source)
-            source_items = _resolve(model, inputs_by_image, source_plan, plan, depth + 1, on_trace)
+            source_items = _resolve(model, inputs_by_image, source_plan, plan, on_trace)
             model.prepare()
             values = trace(model, inputs_by_image[source_plan.image].encoding, inputs_by_image[source_plan.image],
                            source_items, [reader], on_trace=on_trace)
@@ -154,7 +148,7 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
     captures = plan.capture
     inputs = inputs_by_image[condition.image]
     n = inputs.n_tokens
-    interventions = _resolve(model, inputs_by_image, condition, plan, 0, on_trace)
+    interventions = _resolve(model, inputs_by_image, condition, plan, on_trace)
     readers = captures.readers()
     model.prepare()
     if condition.kv_swap is None:
@@ -170,7 +164,7 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
         swap = condition.kv_swap
         donor = plan.condition(swap.donor)
         donor_inputs = inputs_by_image[donor.image]
-        donor_items = _resolve(model, inputs_by_image, donor, plan, 0, on_trace)
+        donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)
         model.prepare()
         donor_head = _truncate(donor_inputs, n - 1)
         donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,

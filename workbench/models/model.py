@@ -17,6 +17,7 @@ import torch
 import transformers
 from PIL import Image
 
+from ..errors import DeviceError, ModelError
 from ..records import Record
 from .architectures import Architecture, architecture_for, is_boundary_token
 
@@ -64,10 +65,29 @@ def resolve_model_path(model_id: str) -> str:
     return model_id
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+TINY_HINT = ("offline, the tiny models run any spec: --models tiny-smolvlm,tiny-qwen3vl "
+             "(and --data builtin for the built-in samples)")
+
+
 def model_info(model_id: str) -> ModelInfo:
+    """The model's config, read without weights. Raises ModelError (exit 2) naming the model and
+    why: a directory without a model, a hub id that cannot be reached or found, an architecture
+    the workbench has no description of."""
     path = resolve_model_path(model_id)
-    config = transformers.AutoConfig.from_pretrained(path)
-    arch = architecture_for(getattr(config, "architectures", None))
+    if os.path.isdir(path):
+        _check_model_dir(model_id, Path(path))
+    else:
+        _check_hub_reachable(model_id)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:  # not found, gated, offline, an unknown model_type
+        raise ModelError(f"model {model_id!r}: cannot read its config ({_first_line(exc)})", hint=TINY_HINT) from exc
+    try:
+        arch = architecture_for(getattr(config, "architectures", None))
+    except ValueError as exc:
+        raise ModelError(f"model {model_id!r} (model_type {getattr(config, 'model_type', '?')!r}): {exc}",
+                         hint="add a description to workbench/models/architectures.py, or use a supported model") from None
     text = getattr(config, arch.text_config) if arch.text_config else config
     return ModelInfo(
         model_id=model_id,
@@ -79,9 +99,45 @@ def model_info(model_id: str) -> ModelInfo:
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+
+
+def _check_model_dir(model_id: str, path: Path) -> None:
+    """A local checkpoint directory needs a config and weights; say which is missing now, not
+    after minutes of loading."""
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model {model_id!r}: the directory {path} holds no model (no config.json); expected a "
+                         "checkpoint saved with save_pretrained (config.json plus *.safetensors)")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ModelError(f"model {model_id!r}: the directory {path} holds a config.json but no weights; expected "
+                         "*.safetensors or pytorch_model*.bin beside it (a save_pretrained checkpoint)")
+
+
+def _check_hub_reachable(model_id: str) -> None:
+    """A hub id that is not in the local cache needs the hub: say so at once if it cannot be had."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from ..hub import hub_endpoint, hub_offline, hub_reachable
+
+    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+        return  # cached: transformers reads it without the network
+    if hub_offline():
+        raise ModelError(f"model {model_id!r} is not in the local Hugging Face cache and the hub is off "
+                         "(HF_HUB_OFFLINE=1)", hint=TINY_HINT)
+    if not hub_reachable():
+        raise ModelError(f"model {model_id!r}: the Hugging Face hub ({hub_endpoint()}) is unreachable and the model is "
+                         "not in the local cache", hint=TINY_HINT)
+
+
 def pick_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"device {device!r} asked for, but torch sees no CUDA GPU here "
+                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})",
+                          hint="use --device cpu (or auto), or run on a machine with a GPU")
     return device
 
 

@@ -1,0 +1,112 @@
+"""Every code block of README.md runs, verbatim, in README order, in a sandbox: a copy of the
+files the README's commands read (specs/, Makefile, pyproject.toml), a `.venv` whose `python` and
+`workbench` run this checkout with the test environment's interpreter, the tiny models of the
+session cache, and no network. `bash` blocks run line by line (each line as written), `python`
+blocks as scripts, `yaml` blocks are validated as specs. The few lines that need what a test cannot
+have (the hub, NDIF, the test suite itself) are listed in EXPECTED with what they must do instead:
+fail with a one-line error, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+KNOWN_LANGUAGES = {"bash", "python", "yaml", "text"}  # text: not code (the layout tree)
+
+# line -> (expected outcome, why). Every other line must exit 0.
+EXPECTED = {
+    "make test": ("skip", "runs this test suite itself"),
+    "workbench run specs/depth_norms.yaml": ("error", "meta-llama/Llama-3.1-8B needs the hub and NDIF"),
+    "workbench run specs/norm_gap.yaml --remote": ("error", "the study's models need the hub"),
+}
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / "README.md").read_text(encoding="utf-8"))]
+
+
+def command_of(line: str) -> str:
+    return line.split("#", 1)[0].strip()
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory, workbench_cache):
+    root = tmp_path_factory.mktemp("readme")
+    for name in ("specs", "stores"):
+        shutil.copytree(REPO / name, root / name)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(REPO / name, root / name)
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    shims = {"python": f'exec {sys.executable} "$@"', "workbench": f'exec {sys.executable} -m workbench "$@"'}
+    for name, line in shims.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{line}\n")
+        (bin_dir / name).chmod(0o755)
+    time.sleep(0.01)
+    (root / ".venv" / ".installed").touch()  # newer than pyproject.toml: `make` installs nothing
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "MPLBACKEND": "Agg",
+        "WORKBENCH_REMOTE_TRIES": "1",
+        "WORKBENCH_REMOTE_BACKOFF_S": "0.01",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    return root, env
+
+
+def test_every_block_has_a_known_language():
+    blocks = readme_blocks()
+    assert blocks and all(lang in KNOWN_LANGUAGES for lang, _ in blocks), [lang for lang, _ in blocks]
+    lines = {command_of(line) for lang, text in blocks if lang == "bash" for line in text.splitlines()}
+    assert set(EXPECTED) <= lines, f"stale EXPECTED entries: {set(EXPECTED) - lines}"
+
+
+def test_readme_code_blocks_run_verbatim(sandbox):
+    from workbench.spec import parse_spec
+
+    root, env = sandbox
+    ran = 0
+    for number, (lang, text) in enumerate(readme_blocks(), start=1):
+        where = f"README block {number} ({lang})"
+        if lang == "yaml":
+            parse_spec(text, source=where)
+        elif lang == "python":
+            script = root / f"block_{number}.py"
+            script.write_text(text)
+            done = subprocess.run([str(root / ".venv" / "bin" / "python"), str(script)], cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"{where}:\n{text}\n{done.stderr[-3000:]}"
+        elif lang == "bash":
+            for line in text.splitlines():
+                command = command_of(line)
+                if not command:
+                    continue
+                outcome, why = EXPECTED.get(command, ("ok", ""))
+                if outcome == "skip":
+                    continue
+                done = subprocess.run(["bash", "-c", line], cwd=root, env=env, capture_output=True, text=True,
+                                      timeout=600)
+                if outcome == "ok":
+                    assert done.returncode == 0, f"{where}: {line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+                else:  # what a user without the hub / NDIF sees: one located message, no traceback
+                    assert done.returncode == 2, f"{where}: {line} ({why})\n{done.stderr[-3000:]}"
+                    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+                    assert "hint: offline, the tiny models run any spec" in done.stderr
+        else:
+            continue
+        ran += 1
+    assert ran >= 10
+    assert (root / "stores" / "demo.zarr").is_dir() and (root / "reports" / "demo" / "report.md").is_file()
