@@ -27,6 +27,8 @@ EXPECTED = {
     "make test": ("skip", "runs this test suite itself"),
     "workbench run specs/depth_norms.yaml": ("error", "meta-llama/Llama-3.1-8B needs the hub and NDIF"),
     "workbench run specs/norm_gap.yaml --remote": ("error", "the study's models need the hub"),
+    "workbench ndif status": ("unreachable", "NDIF's host cannot be reached from here"),
+    "workbench run specs/demo.yaml --remote http://127.0.0.1:8000": ("no key", "no server there and no NDIF_API_KEY here"),
 }
 
 
@@ -101,6 +103,12 @@ def test_readme_code_blocks_run_verbatim(sandbox):
                                       timeout=600)
                 if outcome == "ok":
                     assert done.returncode == 0, f"{where}: {line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+                elif outcome == "no key":  # refused before any connection: exit 2, the fix named
+                    assert done.returncode == 2 and "hint: set NDIF_API_KEY" in done.stderr, done.stderr
+                    assert "Traceback" not in done.stderr
+                elif outcome == "unreachable":  # a runtime fault: one line naming the host, exit 1
+                    assert done.returncode == 1 and done.stderr.startswith("error: ") and "resolve" in done.stderr, done.stderr
+                    assert "Traceback" not in done.stderr
                 else:  # what a user without the hub / NDIF sees: one located message, no traceback
                     assert done.returncode == 2, f"{where}: {line} ({why})\n{done.stderr[-3000:]}"
                     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr

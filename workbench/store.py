@@ -914,13 +914,15 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
     return tokens, runs
 
 
-def _label_index(ds: xr.Dataset, dim: str, levels: list[str]) -> xr.Dataset:
-    """Build a MultiIndex on `dim` over its labels, so `.sel` takes several of them at once
-    (zarr cannot store a MultiIndex, so it is rebuilt on every open)."""
+def _label_index(ds: xr.Dataset, dim: str, levels: list[str], index: bool = True) -> xr.Dataset:
+    """Load the labels of `dim` (small, 1-D: the index and groupby need values) and, with
+    `index`, build a MultiIndex over them, so `.sel` takes several at once (zarr cannot store a
+    MultiIndex, so it is rebuilt on every open)."""
+    labels = [c for c, v in ds.coords.items() if v.dims == (dim,)]
+    for label in labels:
+        ds[label] = ds[label].load()
     levels = [c for c in levels if c in ds.coords]
-    for level in levels:  # small 1-D labels: load them, the index needs values
-        ds[level] = ds[level].load()
-    return ds.set_index({dim: levels}) if levels else ds
+    return ds.set_index({dim: levels}) if levels and index else ds
 
 
 def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
@@ -954,10 +956,11 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
         return xr.Dataset(attrs=dict(model_group.attrs))
     tokens = _concat(token_parts, "token", {v: v for v in sweep_vars})
     runs = _concat(run_parts, "run", {RUN_PREFIX + v: v for v in sweep_vars})
-    if index:
-        tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"])
-        runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"])
+    tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"], index)
+    runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"], index)
     ds = xr.merge([tokens, runs], compat="override", join="outer")
+    for variable in ds.variables.values():  # the source arrays' chunking says nothing of the concatenation
+        variable.encoding = {}
     # None has no netCDF/zarr attribute form (a local model's revision): such attrs are left out
     attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
     ds.attrs = {k: v for k, v in attrs.items() if v is not None}
