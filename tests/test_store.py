@@ -395,6 +395,9 @@ def test_a_read_only_disk_stops_with_a_message(tmp_path, small_tmpfs, mixing_sto
     err = capsys.readouterr().err
     assert "read-only" in err and "nothing was written" in err and "Traceback" not in err, err
     assert _runs_stored(store) == 2
+    subprocess.run(["mount", "-o", "remount,rw,size=256m", str(small_tmpfs)], check=True)
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0  # the rerun finishes the job
+    assert _runs_stored(store) == 4 and verify_store(store) == []
 
 
 def test_a_file_size_limit_stops_with_a_message(tmp_path, workbench_cache):
