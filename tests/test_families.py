@@ -141,3 +141,17 @@ def test_kv_swap_with_itself_matches_full_prefill(load_tiny, name):
     np.testing.assert_allclose(base.run["logprobs"][0, 0], full, atol=ATOL)
     np.testing.assert_allclose(swapped.run["logprobs"][0, 0], full, atol=ATOL)
     np.testing.assert_allclose(swapped.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
+
+
+def test_gemma3_keeps_token_type_ids_and_they_matter(load_tiny):
+    """Gemma-3's image tokens attend to each other bidirectionally only when the model sees the
+    processor's token_type_ids: the encoder keeps them, and without them the model computes
+    something else (so dropping them, as other families do, would silently change the model)."""
+    model = load_tiny("tiny-gemma3")
+    inputs = model.encode(SAMPLE.image, SAMPLE.question)
+    types = inputs.encoding["token_type_ids"][0].numpy()
+    np.testing.assert_array_equal(types == 1, inputs.modality == "vision")
+    with_types, _ = hooked(model, inputs.encoding)
+    without, _ = hooked(model, {k: v for k, v in inputs.encoding.items() if k != "token_type_ids"})
+    vision = inputs.modality == "vision"
+    assert np.abs(with_types[vision, 1:] - without[vision, 1:]).max() > 1e-4
