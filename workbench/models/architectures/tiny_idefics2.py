@@ -15,7 +15,7 @@ IDEFICS2_CHAT_TEMPLATE = (
     "{%- for line in message['content'] %}"
     "{%- if line['type'] == 'text' %}{{- line['text'] }}"
     "{%- elif line['type'] == 'image' %}{{- '<image>' }}{%- endif %}"
-    "{%- endfor %}<end_of_utterance>\n{%- endfor %}"
+    "{%- endfor %}{{- '<end_of_utterance>\\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- 'Assistant:' }}{%- endif %}"
 )
 IDEFICS2_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<fake_token_around_image>", "<image>", "<end_of_utterance>"]
