@@ -188,7 +188,7 @@ BAD_SPECS = {
         mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "smolvlm]"),
         "models[1]",
         3,
-        "unknown model 'smolvlm'; expected one of tiny-smolvlm, tiny-qwen3vl, tiny-llama, "
+        f"unknown model 'smolvlm'; expected one of {', '.join(TINY_MODEL_NAMES)}, "
         "a Hugging Face repo id 'org/name', or a local checkpoint directory",
     ),
     "duplicate model": (
