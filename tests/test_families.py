@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from test_interventions import SAMPLE, plan_for, run
+from workbench.plan import PlanError
 from workbench.models.architectures import ARCHITECTURES, tiny_architectures
 
 ATOL = 1e-5
@@ -133,7 +134,13 @@ def test_modality_labels_match_the_image_token_mask(load_tiny, name):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_kv_swap_with_itself_matches_full_prefill(load_tiny, name):
     model = load_tiny(name)
-    plan = plan_for(model, "  baseline: {}\n  self: {kv_swap: {donor: self}}", "[{site: logits}, {site: layer}]")
+    conditions = "  baseline: {}\n  self: {kv_swap: {donor: self}}"
+    if model.arch.quirks.get("prefix_lm"):
+        # a bidirectional prompt cannot be split into prefill + decode: refused before running
+        with pytest.raises(PlanError, match="bidirectional"):
+            plan_for(model, conditions, "[{site: logits}, {site: layer}]")
+        return
+    plan = plan_for(model, conditions, "[{site: logits}, {site: layer}]")
     base, inputs = run(model, plan, "baseline")
     swapped, _ = run(model, plan, "self")
     _, out = hooked(model, inputs["real"].encoding)
@@ -142,15 +149,20 @@ def test_kv_swap_with_itself_matches_full_prefill(load_tiny, name):
     np.testing.assert_allclose(swapped.run["logprobs"][0, 0], full, atol=ATOL)
     np.testing.assert_allclose(swapped.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
 
-
-def test_gemma3_keeps_token_type_ids_and_they_matter(load_tiny):
-    """Gemma-3's image tokens attend to each other bidirectionally only when the model sees the
-    processor's token_type_ids: the encoder keeps them, and without them the model computes
-    something else (so dropping them, as other families do, would silently change the model)."""
-    model = load_tiny("tiny-gemma3")
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-paligemma"])
+def test_token_type_ids_are_kept_and_they_matter(load_tiny, name):
+    """Gemma-3's image tokens attend to each other bidirectionally (PaliGemma's whole prompt) only
+    when the model sees the processor's token_type_ids: the encoder keeps them, and without them
+    the model computes something else (so dropping them, as other families do, would silently
+    change the model)."""
+    model = load_tiny(name)
     inputs = model.encode(SAMPLE.image, SAMPLE.question)
+    assert "token_type_ids" in model.arch.per_token_keys and "token_type_ids" not in model.arch.drop_keys
     types = inputs.encoding["token_type_ids"][0].numpy()
-    np.testing.assert_array_equal(types == 1, inputs.modality == "vision")
+    if name == "tiny-gemma3":  # 1 at image tokens
+        np.testing.assert_array_equal(types == 1, inputs.modality == "vision")
+    else:  # the whole prompt is the prefix
+        assert (types == 0).all()
     with_types, _ = hooked(model, inputs.encoding)
     without, _ = hooked(model, {k: v for k, v in inputs.encoding.items() if k != "token_type_ids"})
     vision = inputs.modality == "vision"
