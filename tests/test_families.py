@@ -167,3 +167,48 @@ def test_token_type_ids_are_kept_and_they_matter(load_tiny, name):
     without, _ = hooked(model, {k: v for k, v in inputs.encoding.items() if k != "token_type_ids"})
     vision = inputs.modality == "vision"
     assert np.abs(with_types[vision, 1:] - without[vision, 1:]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tiny_checkpoint_is_a_real_checkpoint(load_tiny, name):
+    """The tiny model is a saved checkpoint (config + safetensors + tokenizer + image processor),
+    reloaded through from_pretrained into the family's transformers class, small as promised."""
+    import transformers
+
+    from workbench.models.tiny import tiny_model_dir
+
+    model = load_tiny(name)
+    d = tiny_model_dir(name)
+    files = {p.name for p in d.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert ("preprocessor_config.json" in files) == model.arch.is_multimodal
+    config = transformers.AutoConfig.from_pretrained(d)
+    assert config.architectures == [model.arch.model_class]
+    assert type(model.hf).__name__ == model.arch.model_class
+    text = config.get_text_config()
+    assert text.hidden_size == 64 and text.num_hidden_layers <= 3
+    assert sum(p.numel() for p in model.hf.parameters()) < 1_000_000
+    if model.arch.is_multimodal:
+        tok = model.tokenizer
+        for token in (model.arch.image_token, *model.arch.boundary_tokens):
+            assert len(tok(token, add_special_tokens=False)["input_ids"]) == 1, token
+            assert tok.convert_tokens_to_ids(token) < text.vocab_size, token
+
+
+def test_every_family_is_one_file_plus_its_client():
+    """Adding a family is adding `<family>.py` (its ARCHITECTURES) and `tiny_<family>.py` (its
+    `build_tiny` and `load_processor`), registered in FAMILIES: nothing else names a family."""
+    import importlib
+    from pathlib import Path
+
+    from workbench.models import architectures
+
+    package = Path(architectures.__file__).parent
+    family_files = {p.stem for p in package.glob("*.py")} - {"__init__", "base"}
+    families = {module.__name__.rsplit(".", 1)[1] for module in architectures.FAMILIES}
+    assert {f for f in family_files if not f.startswith("tiny_")} == families
+    assert {f for f in family_files if f.startswith("tiny_")} == {f"tiny_{f}" for f in families}
+    for name in families:
+        client = importlib.import_module(f"workbench.models.architectures.tiny_{name}")
+        assert callable(client.build_tiny) and callable(client.load_processor), name
+    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "smolvlm"
