@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_processor_and_template
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_processor_and_template,
+)
 
 # Gemma-3's template, reduced (no system turn folding, no tools): like the real one it starts with
 # bos_token, and an image is written as <start_of_image> (the processor expands it).

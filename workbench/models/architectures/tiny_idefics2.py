@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_processor_and_template
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_processor_and_template,
+)
 
 # idefics2-8b's template: "User:<image>question<end_of_utterance>\nAssistant:" after BOS.
 IDEFICS2_CHAT_TEMPLATE = (

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_only_class,
+    image_processor_and_template,
+)
 
 # InternVL3-hf's template, reduced (no video): Qwen2 chat, default system prompt, the image as
 # <IMG_CONTEXT> on its own line (the processor expands it into <img> + tiles + </img>).

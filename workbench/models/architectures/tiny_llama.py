@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template, load_tokenizer  # noqa: F401
+from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, load_tokenizer
 
 # Llama-3-style template. Like the real Llama 3 it starts with bos_token AND the tokenizer adds BOS
 # itself, so text rendered with tokenize=False must be tokenized with add_special_tokens=False.

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_only_class,
+    image_processor_and_template,
+)
 
 # llava-onevision-qwen2's template, reduced (no video): Qwen2 chat with the default system prompt,
 # the image token on its own line before the text.

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, load_tokenizer
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    load_tokenizer,
+)
 
 # PaliGemma checkpoints ship no chat template: the prompt is the question, after the image (the
 # processor then writes "<image>"*N + "<bos>" + prompt + "\n"). This template renders exactly that

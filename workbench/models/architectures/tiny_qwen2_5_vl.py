@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_only_class,
+    image_processor_and_template,
+)
 from .tiny_qwen3vl import QWEN3VL_SPECIAL_TOKENS
 
 # Qwen2.5-VL's template, reduced (no tools, no video): like the real one it adds the default system

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template, load_tokenizer  # noqa: F401
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_only_class,
+    image_processor_and_template,
+)
 
 # Qwen3-VL's template, reduced to what the workbench uses (no tools, no reasoning blocks). Like the
 # real one it adds no default system prompt.

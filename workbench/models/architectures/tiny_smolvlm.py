@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, image_only_class, image_processor_and_template, load_tokenizer  # noqa: F401
+from ..tinykit import (
+    _VOCAB_SIZE,
+    _byte_level_tokenizer,
+    _ids,
+    _init_model,
+    _save,
+    check_processor,
+    image_processor_and_template,
+)
 
 # SmolVLM2's template (as in transformers' SmolVLMProcessor.DEFAULT_CHAT_TEMPLATE, without the video
 # branch): "<|im_start|>User:<image>question<end_of_utterance>\nAssistant:". No space after "User:"
