@@ -47,7 +47,10 @@ from workbench.spec import parse_spec  # noqa: E402
 from test_remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
 
 SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
-                       "plan.py", "records.py", "models/architectures.py")
+                       "plan.py", "records.py",
+                       # the registry and every family file; their client-only tiny_<family>.py never travel
+                       *sorted(f"models/architectures/{p.name}" for p in (Path(workbench.__file__).parent / "models"
+                               / "architectures").glob("*.py") if not p.name.startswith("tiny_")))
 WHITELIST_TOPS = {"torch", "numpy", "nnsight", "typing", "collections", "math", "time", "enum", "operator",
                   "__future__", "warnings"}
 
@@ -162,7 +165,7 @@ def test_server_side_modules_import_only_whitelisted_modules():
             else:
                 continue
             for name in names:
-                assert name.split(".")[0] in WHITELIST_TOPS | {"re"} and (name != "re" or rel == "models/architectures.py"), (rel, name)
+                assert name.split(".")[0] in WHITELIST_TOPS, (rel, name)
 
 
 def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp_path):

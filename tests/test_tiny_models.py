@@ -59,7 +59,7 @@ def _text_messages():
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-models")
-    return {name: tiny_model_dir(name, root) for name in TINY_MODELS}
+    return {name: tiny_model_dir(name, root) for name in FAMILY}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def _vocab_size(model):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_checkpoint_layout_and_config(dirs, name):
     d = dirs[name]
     files = {p.name for p in d.iterdir()}
@@ -111,7 +111,7 @@ def test_checkpoint_layout_and_config(dirs, name):
     assert text.vocab_size >= len(load_processor(d, "llama"))  # "llama" = tokenizer only
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_special_tokens_are_single_ids_and_match_config(dirs, name):
     tok = load_processor(dirs[name], "llama")
     for t in SPECIALS[name]:
@@ -140,7 +140,7 @@ def test_tied_and_untied_heads(loaded):
     assert qwen.lm_head.weight.data_ptr() == qwen.model.language_model.embed_tokens.weight.data_ptr()
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_reload_reproduces_saved_weights(dirs, loaded, name):
     saved = load_file(dirs[name] / "model.safetensors")
     state = loaded[name][0].state_dict()
@@ -148,7 +148,7 @@ def test_reload_reproduces_saved_weights(dirs, loaded, name):
         assert torch.equal(state[key], value), key
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_build_is_deterministic(tmp_path_factory, name):
     a, b, c = (tmp_path_factory.mktemp(f"{name}-{tag}") for tag in "abc")
     rng_before = torch.random.get_rng_state()
@@ -168,7 +168,7 @@ def test_build_is_deterministic(tmp_path_factory, name):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_text_only_forward(loaded, name):
     model, processor = loaded[name]
     enc = _encode(name, processor)
@@ -241,7 +241,7 @@ def test_qwen3vl_image_tokens_and_mm_token_type_ids(loaded):
         model(**without)
 
 
-@pytest.mark.parametrize("name", list(TINY_MODELS))
+@pytest.mark.parametrize("name", list(FAMILY))
 def test_generate(loaded, name):
     model, processor = loaded[name]
     enc = _encode(name, processor, _image() if name in VLMS else None)

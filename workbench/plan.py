@@ -168,6 +168,10 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
             if (images[swap.donor] == "none") != (instance.image == "none"):
                 check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
                           "(image: none); expected a donor with the same sequence (real or blank image)")
+            if info.arch.quirks.get("prefix_lm"):
+                check.add(base + ("kv_swap",), f"{info.arch.family} reads the whole prompt as one bidirectional "
+                          "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
+                          "another model; expected no kv_swap for this model")
             layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
             positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
             kv_swap = KVSwapPlan(swap.donor, positions, layers)

@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import BadInputError
+from .models.architectures import tiny_architectures
 from .names import reserved_name_problem
 
 __all__ = [
@@ -76,7 +77,8 @@ KNOWN_SITES: tuple[str, ...] = (
     "final_norm",
     "logits",
 )
-TINY_MODEL_NAMES = ("tiny-smolvlm", "tiny-qwen3vl", "tiny-llama")
+# one tiny offline model per registered family (workbench/models/architectures/)
+TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
 DATBENCH_CONFIGS = (
     "chart",
     "counting",

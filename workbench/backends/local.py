@@ -91,10 +91,10 @@ def _stack_layers(saved: dict, name: str, layers: tuple[int, ...], dim: int = 1)
     return torch.stack([torch.cat(saved[(name, l)], dim=0) for l in layers], dim=dim)
 
 
-def _truncate(inputs: Any, n: int) -> Any:
+def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
     """The inputs of the first n prompt tokens (image inputs kept whole), labels included, so
-    positions named by modality select within those n."""
-    per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
+    positions named by modality select within those n. per_token: the family's per-token input
+    keys (`Architecture.per_token_keys`)."""
     encoding = {k: (v[:, :n] if k in per_token else v) for k, v in inputs.encoding.items()}
     return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
 
@@ -157,7 +157,7 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
         cache = head.pop("cache")
         parts = [head]
     else:
-        head_inputs = _truncate(inputs, n - 1)
+        head_inputs = _truncate(inputs, n - 1, model.arch.per_token_keys)
         head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False,
                      keep_cache=True, on_trace=on_trace)
         cache = head.pop("cache")
@@ -166,7 +166,7 @@ def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: Condit
         donor_inputs = inputs_by_image[donor.image]
         donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)
         model.prepare()
-        donor_head = _truncate(donor_inputs, n - 1)
+        donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
         donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
                             on_trace=on_trace).pop("cache")
         _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)

@@ -87,7 +87,7 @@ def model_info(model_id: str) -> ModelInfo:
         arch = architecture_for(getattr(config, "architectures", None))
     except ValueError as exc:
         raise ModelError(f"model {model_id!r} (model_type {getattr(config, 'model_type', '?')!r}): {exc}",
-                         hint="add a description to workbench/models/architectures.py, or use a supported model") from None
+                         hint="add a family file under workbench/models/architectures/, or use a supported model") from None
     text = getattr(config, arch.text_config) if arch.text_config else config
     return ModelInfo(
         model_id=model_id,
@@ -183,12 +183,14 @@ class InputEncoder:
             enc = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
         else:
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            images = [[image.convert("RGB")]] if self.arch.family == "smolvlm" else [image.convert("RGB")]
+            images = [[image.convert("RGB")]] if self.arch.nest_images else [image.convert("RGB")]
             enc = self.processor(text=[text], images=images, return_tensors="pt")
-        encoding = {k: v.to(self.device) for k, v in enc.items() if isinstance(v, torch.Tensor)}
+        # the family says which processor outputs the model must not see (e.g. training-only
+        # token_type_ids); everything else is kept (Gemma-3 keeps token_type_ids)
+        encoding = {k: v.to(self.device) for k, v in enc.items()
+                    if isinstance(v, torch.Tensor) and k not in self.arch.drop_keys}
         if "pixel_values" in encoding:
             encoding["pixel_values"] = encoding["pixel_values"].to(self.dtype)
-        encoding.pop("token_type_ids", None)
         ids = enc["input_ids"][0].cpu().numpy().astype(np.int64)
         return ModelInputs(encoding=encoding, input_ids=ids, modality=self.token_modality(ids))
 

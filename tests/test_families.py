@@ -1,0 +1,214 @@
+"""The conformance suite: every registered family with a tiny model passes the same checks,
+each against an independent computation (plain PyTorch hooks and plain transformers calls on the
+same model and inputs, no nnsight). Adding a family to the registry adds it here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_interventions import SAMPLE, plan_for, run
+from workbench.plan import PlanError
+from workbench.models.architectures import ARCHITECTURES, tiny_architectures
+
+ATOL = 1e-5
+FAMILIES = [a.tiny for a in tiny_architectures()]
+VLM_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
+
+
+def modules(hf, path):
+    """The torch modules at a dotted path of the arch (a `*` expands a ModuleList), read with
+    plain attribute access on the transformers model."""
+    found = [hf]
+    for part in path.split("."):
+        if part == "*":
+            found = [child for m in found for child in m]
+        elif part.isdigit():
+            found = [m[int(part)] for m in found]
+        else:
+            found = [getattr(m, part) for m in found]
+    return found
+
+
+def hooked(model, encoding, projector_factor=None):
+    """Residual stream by the workbench convention (the input of each decoder layer, then the input
+    of the final norm) with forward pre-hooks; optionally every projector module's output scaled."""
+    hf, arch = model.hf, model.arch
+    seen = []
+    layers = list(modules(hf, arch.decoder_layers)[0]) + modules(hf, arch.final_norm)
+    handles = [m.register_forward_pre_hook(lambda m, a, kw=None: seen.append(a[0][0].detach().clone())
+                                           if a else None) for m in layers]
+    # decoder layers may take hidden_states by keyword: read it there too
+    handles += [m.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["hidden_states"][0].detach().clone())
+                                            if not a else None, with_kwargs=True) for m in layers]
+    if projector_factor is not None:
+        handles += [m.register_forward_hook(lambda m, i, o: o * projector_factor)
+                    for path in arch.projector for m in modules(hf, path)]
+    try:
+        model.prepare()
+        with torch.inference_mode():
+            out = hf(**encoding)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(seen, dim=1).numpy(), out
+
+
+def test_registry_is_consistent():
+    families = [a.family for a in ARCHITECTURES]
+    assert len({a.tiny for a in tiny_architectures()}) == len(tiny_architectures())
+    for arch in ARCHITECTURES:
+        assert arch.client is not None and arch.client == f"tiny_{arch.family}", arch.family
+        assert set(arch.per_token_keys) >= {"input_ids", "attention_mask"}
+        if arch.is_multimodal:
+            assert arch.image_token and arch.projector and arch.projector_merger
+    assert len(set(families)) >= 3
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_module_paths_resolve(load_tiny, name):
+    model = load_tiny(name)
+    hf, arch, text = model.hf, model.arch, model.hf.config.get_text_config()
+    assert len(modules(hf, arch.decoder_layers)[0]) == text.num_hidden_layers == model.n_layers
+    assert modules(hf, arch.embed)[0] is hf.get_input_embeddings()
+    assert modules(hf, arch.lm_head)[0] is hf.get_output_embeddings()
+    if arch.is_multimodal:
+        for path in (arch.vision, arch.projector_merger, *arch.projector, *arch.projector_parts.values()):
+            assert modules(hf, path), path
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_residual_stream_matches_plain_hooks(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  baseline: {}")
+    result, inputs = run(model, plan, "baseline")
+    reference, _ = hooked(model, inputs["real"].encoding)
+    stored = result.tokens["hidden"]
+    assert stored.shape == (inputs["real"].n_tokens, model.n_layers + 1, model.info.hidden_size)
+    np.testing.assert_allclose(stored, reference, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", VLM_FAMILIES)
+def test_alpha_one_is_baseline_and_alpha_half_matches_hooks(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  baseline: {}
+  one: {interventions: [{kind: scale, site: projector, positions: vision, factor: 1.0}]}
+  half: {interventions: [{kind: scale, site: projector, positions: vision, factor: 0.5}]}""")
+    base, inputs = run(model, plan, "baseline")
+    one, _ = run(model, plan, "one")
+    half, _ = run(model, plan, "half")
+    np.testing.assert_allclose(one.tokens["hidden"], base.tokens["hidden"], atol=ATOL, rtol=0)
+    reference, _ = hooked(model, inputs["real"].encoding, projector_factor=0.5)
+    np.testing.assert_allclose(half.tokens["hidden"], reference, atol=ATOL, rtol=0)
+    # the projector output really enters the LLM: halving it changes the residual stream
+    assert np.abs(half.tokens["hidden"] - base.tokens["hidden"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", VLM_FAMILIES)
+def test_modality_labels_match_the_image_token_mask(load_tiny, name):
+    model = load_tiny(name)
+    inputs = model.encode(SAMPLE.image, SAMPLE.question)
+    config = model.hf.config
+    image_token_id = getattr(config, "image_token_id", None)
+    if image_token_id is None:
+        image_token_id = config.image_token_index
+    mask = inputs.encoding["input_ids"][0].numpy() == image_token_id
+    assert mask.sum() > 0
+    np.testing.assert_array_equal(inputs.modality == "vision", mask)
+    # the number of image tokens is the number of image features the model scatters in
+    with torch.inference_mode():
+        feats = model.hf.get_image_features(**{k: v for k, v in inputs.encoding.items()
+                                               if k in ("pixel_values", "image_grid_thw", "image_sizes",
+                                                        "pixel_attention_mask")})
+    feats = getattr(feats, "pooler_output", feats)
+    feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats]) if isinstance(feats, (list, tuple)) else feats
+    assert feats.reshape(-1, feats.shape[-1]).shape[0] == mask.sum()
+    if model.arch.boundary_tokens or model.arch.boundary_patterns:
+        assert (inputs.modality == "boundary").sum() > 0
+    blank = model.encode(SAMPLE.image, SAMPLE.question, "blank")
+    np.testing.assert_array_equal(blank.input_ids, inputs.input_ids)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_kv_swap_with_itself_matches_full_prefill(load_tiny, name):
+    model = load_tiny(name)
+    conditions = "  baseline: {}\n  self: {kv_swap: {donor: self}}"
+    if model.arch.quirks.get("prefix_lm"):
+        # a bidirectional prompt cannot be split into prefill + decode: refused before running
+        with pytest.raises(PlanError, match="bidirectional"):
+            plan_for(model, conditions, "[{site: logits}, {site: layer}]")
+        return
+    plan = plan_for(model, conditions, "[{site: logits}, {site: layer}]")
+    base, inputs = run(model, plan, "baseline")
+    swapped, _ = run(model, plan, "self")
+    _, out = hooked(model, inputs["real"].encoding)
+    full = torch.log_softmax(out.logits[0, -1].float(), -1).numpy()
+    np.testing.assert_allclose(base.run["logprobs"][0, 0], full, atol=ATOL)
+    np.testing.assert_allclose(swapped.run["logprobs"][0, 0], full, atol=ATOL)
+    np.testing.assert_allclose(swapped.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-paligemma"])
+def test_token_type_ids_are_kept_and_they_matter(load_tiny, name):
+    """Gemma-3's image tokens attend to each other bidirectionally (PaliGemma's whole prompt) only
+    when the model sees the processor's token_type_ids: the encoder keeps them, and without them
+    the model computes something else (so dropping them, as other families do, would silently
+    change the model)."""
+    model = load_tiny(name)
+    inputs = model.encode(SAMPLE.image, SAMPLE.question)
+    assert "token_type_ids" in model.arch.per_token_keys and "token_type_ids" not in model.arch.drop_keys
+    types = inputs.encoding["token_type_ids"][0].numpy()
+    if name == "tiny-gemma3":  # 1 at image tokens
+        np.testing.assert_array_equal(types == 1, inputs.modality == "vision")
+    else:  # the whole prompt is the prefix
+        assert (types == 0).all()
+    with_types, _ = hooked(model, inputs.encoding)
+    without, _ = hooked(model, {k: v for k, v in inputs.encoding.items() if k != "token_type_ids"})
+    vision = inputs.modality == "vision"
+    assert np.abs(with_types[vision, 1:] - without[vision, 1:]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tiny_checkpoint_is_a_real_checkpoint(load_tiny, name):
+    """The tiny model is a saved checkpoint (config + safetensors + tokenizer + image processor),
+    reloaded through from_pretrained into the family's transformers class, small as promised."""
+    import transformers
+
+    from workbench.models.tiny import tiny_model_dir
+
+    model = load_tiny(name)
+    d = tiny_model_dir(name)
+    files = {p.name for p in d.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert ("preprocessor_config.json" in files) == model.arch.is_multimodal
+    config = transformers.AutoConfig.from_pretrained(d)
+    assert config.architectures == [model.arch.model_class]
+    assert type(model.hf).__name__ == model.arch.model_class
+    text = config.get_text_config()
+    assert text.hidden_size == 64 and text.num_hidden_layers <= 3
+    assert sum(p.numel() for p in model.hf.parameters()) < 1_000_000
+    if model.arch.is_multimodal:
+        tok = model.tokenizer
+        for token in (model.arch.image_token, *model.arch.boundary_tokens):
+            assert len(tok(token, add_special_tokens=False)["input_ids"]) == 1, token
+            assert tok.convert_tokens_to_ids(token) < text.vocab_size, token
+
+
+def test_every_family_is_one_file_plus_its_client():
+    """Adding a family is adding `<family>.py` (its ARCHITECTURES) and `tiny_<family>.py` (its
+    `build_tiny` and `load_processor`), registered in FAMILIES: nothing else names a family."""
+    import importlib
+    from pathlib import Path
+
+    from workbench.models import architectures
+
+    package = Path(architectures.__file__).parent
+    family_files = {p.stem for p in package.glob("*.py")} - {"__init__", "base"}
+    families = {module.__name__.rsplit(".", 1)[1] for module in architectures.FAMILIES}
+    assert {f for f in family_files if not f.startswith("tiny_")} == families
+    assert {f for f in family_files if f.startswith("tiny_")} == {f"tiny_{f}" for f in families}
+    for name in families:
+        client = importlib.import_module(f"workbench.models.architectures.tiny_{name}")
+        assert callable(client.build_tiny) and callable(client.load_processor), name
+    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "smolvlm"

@@ -1,0 +1,60 @@
+"""`Architecture`: the declarative description of one model family (one file per family, beside
+this one). Nothing else in the workbench knows a module path, a family's image tokens or its
+input quirks.
+
+Shipped to NDIF servers (an `Architecture` travels inside the plan): this module imports only
+what NDIF's whitelist allows. `re` (for numbered boundary tokens) is imported inside the
+client-only `is_boundary_token`.
+"""
+
+from __future__ import annotations
+
+from ...records import Record
+
+
+class Architecture(Record):
+    """Fields:
+    family: the family's name (its file under `workbench/models/architectures/`)
+    model_class: transformers class that loads the checkpoint; config_architectures
+    embed (token embedding module), decoder_layers (ModuleList of decoder layers), final_norm, lm_head
+    vision: the vision tower (None: a text model)
+    projector: modules whose outputs together form "the projector output as it enters the LLM",
+      in execution order; projector_merger: the main merger alone ("projector.merger")
+    projector_parts: {part name: module path} of the connector's parts, in execution order
+    image_token: placeholder scattered with image features
+    boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
+      (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
+    text_config: sub-config holding the LLM dims; quirks: per-family flags
+      ("mrope": the model caches `rope_deltas` between forwards, reset before each run)
+    attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
+      self-attention forward, whose inputs (q, k, mask) give the attention probabilities
+      (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)
+    nest_images: the processor takes images nested per sample (`[[img]]`, SmolVLM) or flat (`[img]`)
+    drop_keys: processor outputs left out of the model inputs (e.g. `token_type_ids`, which most
+      families' processors return for training only; Gemma-3 needs it: bidirectional image attention)
+    per_token_keys: model inputs with one entry per token (truncated with the prompt, e.g. kv_swap)
+    tiny: name of the tiny offline model of this family (None: none); client: the client-only
+      module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
+    A `Record`: it travels to NDIF servers inside the plan."""
+
+    _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
+               "lm_head", "vision", "projector", "projector_merger", "projector_parts", "image_token",
+               "boundary_tokens", "boundary_patterns", "text_config", "quirks", "attention_call", "nest_images",
+               "drop_keys", "per_token_keys", "tiny", "client")
+    _defaults = {"vision": None, "projector": (), "projector_merger": None, "image_token": None,
+                 "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
+                 "attention_call": "attention_interface_1", "nest_images": False,
+                 "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
+                 "tiny": None, "client": None}
+    _factories = {"quirks": dict, "projector_parts": dict}
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.vision is not None
+
+
+def is_boundary_token(arch: Architecture, token: str) -> bool:
+    """Whether `token` frames an image in this family (client side: the encoder labels tokens)."""
+    import re  # client only: not on NDIF's whitelist
+
+    return token in arch.boundary_tokens or any(re.fullmatch(p, token) for p in arch.boundary_patterns)

@@ -1,0 +1,33 @@
+"""PaliGemma: SigLIP tower, one linear connector, Gemma decoder; a prefix-LM: the image and the
+prompt (token_type_ids 0) attend to each other bidirectionally, so the processor's
+`token_type_ids` must reach the model, and a prompt cannot be split into a prefill and a decode
+step without changing it (kv_swap is refused)."""
+
+from .base import Architecture
+
+PALIGEMMA = Architecture(
+    family="paligemma",
+    model_class="PaliGemmaForConditionalGeneration",
+    config_architectures=("PaliGemmaForConditionalGeneration",),
+    embed="model.language_model.embed_tokens",
+    decoder_layers="model.language_model.layers",
+    final_norm="model.language_model.norm",
+    lm_head="lm_head",
+    vision="model.vision_tower",
+    # a single linear layer; the model divides its output by sqrt(hidden) before the scatter
+    projector=("model.multi_modal_projector",),
+    projector_merger="model.multi_modal_projector",
+    projector_parts={"linear": "model.multi_modal_projector.linear"},
+    image_token="<image>",  # the image tokens come first, then <bos>: no framing tokens
+    # KEEP token_type_ids: they make the prompt a bidirectional prefix; the processor's training
+    # `labels` are left out
+    drop_keys=("labels",),
+    per_token_keys=("input_ids", "attention_mask", "token_type_ids"),
+    # the whole prompt is one bidirectional prefix: kv_swap (prefill n-1 tokens, decode the last)
+    # would compute another model; the plan refuses it
+    quirks={"prefix_lm": True},
+    tiny="tiny-paligemma",
+    client="tiny_paligemma",
+)
+
+ARCHITECTURES = (PALIGEMMA,)

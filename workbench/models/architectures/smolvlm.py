@@ -1,0 +1,30 @@
+"""SmolVLM / Idefics3: SigLIP tower, pixel-shuffle + linear connector, Llama decoder."""
+
+from .base import Architecture
+
+SMOLVLM = Architecture(
+    family="smolvlm",
+    model_class="SmolVLMForConditionalGeneration",
+    config_architectures=("SmolVLMForConditionalGeneration",),
+    embed="model.text_model.embed_tokens",
+    decoder_layers="model.text_model.layers",
+    final_norm="model.text_model.norm",
+    lm_head="lm_head",
+    vision="model.vision_model",
+    # pixel shuffle + MLP; its output is exactly the image features scattered into the LLM input
+    projector=("model.connector",),
+    projector_merger="model.connector",
+    projector_parts={"proj": "model.connector.modality_projection.proj"},
+    image_token="<image>",
+    boundary_tokens=("<fake_token_around_image>", "<global-img>"),
+    boundary_patterns=(r"<row_\d+_col_\d+>",),
+    nest_images=True,  # the processor splits images per sample: [[img]]
+    tiny="tiny-smolvlm",
+    client="tiny_smolvlm",
+)
+
+# Idefics3 is SmolVLM's parent class with the same module tree (no tiny model of its own).
+IDEFICS3 = SMOLVLM.replace(model_class="Idefics3ForConditionalGeneration",
+                           config_architectures=("Idefics3ForConditionalGeneration",), tiny=None)
+
+ARCHITECTURES = (SMOLVLM, IDEFICS3)
