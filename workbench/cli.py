@@ -157,6 +157,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_model, print_results
+
+    _quiet_libraries()
+    return 0 if print_results(args.model, check_model(args.model, device=args.device, dtype=args.dtype)) else 1
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .store import verify_store
 
@@ -253,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("out", help="the merged store (new, or a merge in progress)")
     merge.add_argument("shards", nargs="+", help="the shard stores")
     merge.set_defaults(func=cmd_merge)
+
+    check = sub.add_parser("check", parents=[common], help="does the workbench read this model right? (one sample, PASS/FAIL)",
+                           description="Run one built-in sample through MODEL (a tiny model name, a local checkpoint "
+                           "directory or a hub id) and compare what the workbench reads with independent computations: "
+                           "the residual stream against plain PyTorch pre-hooks, the vision-token count against the "
+                           "config's image token, and alpha = 1 against the baseline. Exit 1 if any check fails.")
+    check.add_argument("model")
+    check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    check.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    check.set_defaults(func=cmd_check)
 
     verify = sub.add_parser("verify", parents=[common], help="read every chunk of a store and check its checksum",
                             description="Read every chunk of STORE's last commit, check each CRC-32C, and report "
