@@ -1,7 +1,8 @@
 """Analysis results cached inside the store they were computed from.
 
-Layout (zarr v3, beside the model groups; `workbench.store` skips it when listing models because
-its attrs say `workbench_kind: "analysis"`):
+Layout (a plain zarr v3 folder inside the store's directory, beside the icechunk repository's own
+folders and outside its transactions: derived data, safe to delete; attrs `workbench_kind:
+"analysis"`):
 
     <store>/_analyses/                          attrs {"workbench_kind": "analysis"}
       <model key>/<analysis name>/<fingerprint>/   one xarray Dataset (to_zarr), attrs below

@@ -61,10 +61,10 @@ BRANCH = "main"
 RUN_TAG = "run-{}"
 # a reader holding a snapshot younger than this keeps working through a writer's compaction
 COMPACT_GRACE = _dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 600)))
-COMMIT_ARRAYS = RUN_LABELS  # kept for callers: the per-run bookkeeping arrays
 MODALITIES = ("vision", "boundary", "text")
 _CHUNK_BYTES = 2 * 1024 * 1024
-ANALYSIS_KIND = "analysis"  # attrs["workbench_kind"] of the analysis cache (analyses.cache), not a model
+# attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
+ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
 # per write (a context), not process-wide.
 _ZARR_WRITE_CONFIG = {"array.write_empty_chunks": True}
@@ -405,11 +405,12 @@ class StoreWriter:
             self._root = zarr.open_group(store, mode="a", zarr_format=3)
         return self._root
 
-    def _commit(self, message: str) -> str:
+    def _commit(self, message: str, result: bool = True) -> str:
+        """Commit what is staged; `result`: it is a result of this run (counted in `commits`)."""
         with self._io("committing"):
             snapshot = self._session.commit(message)
         self._session = self._root = None
-        self.commits += 1
+        self.commits += int(result)
         fault_point("store.commit")
         return snapshot
 
@@ -628,8 +629,7 @@ class StoreWriter:
             for key, condition in conditions:
                 del staged[f"{key}/{condition}"]
                 self._states.pop((key, condition), None)
-            self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions))
-        self.commits -= 1  # not a sample
+            self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions), result=False)
         return [f"{k}/{c}: damaged chunks; dropped, re-captured by this run" for k, c in conditions]
 
 
@@ -926,7 +926,7 @@ def _label_index(ds: xr.Dataset, dim: str, levels: list[str], index: bool = True
 
 
 def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
-    return sorted((name, g) for name, g in root.groups() if g.attrs.get("workbench_kind") != ANALYSIS_KIND)
+    return sorted(root.groups())
 
 
 def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
@@ -991,7 +991,7 @@ def _open(path: Path, model: str | None, snapshot: str | None, index: bool = Tru
     root = _root_of(repo, session)
     if model is not None:
         key = model_key(model)
-        if key not in root or root[key].attrs.get("workbench_kind") == ANALYSIS_KIND:
+        if key not in root:
             held = ", ".join(g.attrs.get("model_id", k) for k, g in _model_groups(root)) or "no model yet"
             raise StoreError(f"model {model!r} is not in store {path}; it holds: {held}")
         return _open_model(session.store, root, key, index)
