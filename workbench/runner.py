@@ -111,13 +111,14 @@ def condition_identity(spec: Any, plan: ModelPlan, condition: Any) -> dict[str, 
     return {**condition.store_attrs(), "data": data_identity(spec.data), "capture": repr(plan.capture)}
 
 
-def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
+def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan],
+                 hashes: dict[str, str]) -> dict[tuple[str, str], set[str]]:
     """Refuse, before any model loads, a resume that would mix meanings under one name: a
-    condition whose identity changed, or a stored sample whose input changed under its id."""
-    from .data import input_hash
+    condition whose identity changed, or a stored sample whose input changed under its id
+    (`hashes`: sample id -> input hash). Returns the samples already stored per (model, condition)."""
     from .store import StoreIdentityError
 
-    hashes = {s.id: input_hash(s) for s in samples}
+    done = {}
     for plan in plans:
         for condition in plan.conditions:
             store.check_condition(plan.info.model_id, condition.name, condition_identity(spec, plan, condition))
@@ -128,6 +129,8 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan], samples:
                     f"{len(changed)} sample(s) of {plan.info.model_id} / {condition.name} changed since they were "
                     f"stored under the same id (e.g. {changed[0]}: its image or question differs)",
                     hint="write to a new store (--store), or restore the original inputs")
+            done[(plan.info.model_id, condition.name)] = set(stored)
+    return done
 
 
 def compile_all(spec: Any) -> list[ModelPlan]:
@@ -265,16 +268,12 @@ def run_spec(
         summary.repairs = store.repairs + store.repair({s.id for s in samples})
         for repair in summary.repairs:
             log(f"repaired: {repair}")
-        check_resume(store, spec, plans, samples)
-        done = {
-            (p.info.model_id, c.name): set(store.committed_samples(p.info.model_id, c.name))
-            for p in plans for c in p.conditions
-        }
+        hashes = {s.id: input_hash(s) for s in samples}
+        done = check_resume(store, spec, plans, hashes)
         todo = [
             (p, s, c) for p in plans for s in samples for c in p.conditions
             if s.id not in done[(p.info.model_id, c.name)]
         ]
-        hashes = {s.id: input_hash(s) for s in samples}
         summary.total = sum(len(samples) * len(p.conditions) for p in plans)
         summary.skipped = summary.total - len(todo)
         if summary.skipped:

@@ -452,9 +452,6 @@ class StoreWriter:
                 + "\n    ".join(diff),
                 hint="give the changed condition a new name, or write to a new store (--store)")
 
-    def committed_samples(self, model_id: str, condition: str) -> list[str]:
-        return list(self.committed_inputs(model_id, condition))
-
     def committed_inputs(self, model_id: str, condition: str) -> dict[str, str]:
         """sample id -> input hash of every committed sample of (model, condition), in order."""
         root = self.committed_root()
