@@ -252,6 +252,31 @@ def test_nnsight_local_simulation_runs_every_intervention_kind(tmp_path, local_s
     xr.testing.assert_identical(load(local, name), load(simulated, name))
 
 
+SIMULATION_KEEPS_MODULES = """
+import sys
+from workbench.cli import main
+before = dict(sys.modules)
+code = main(["run", sys.argv[1], "--models", "tiny-llama", "--remote", "local", "--limit", "2",
+             "--store", sys.argv[2], "--no-progress", "--no-table"])
+swapped = sorted(name for name, module in before.items() if sys.modules.get(name) is not module)
+assert code == 0 and not swapped, (code, swapped[:20])
+"""
+
+
+def test_nnsight_local_simulation_leaves_every_module_in_place(tmp_path):
+    """nnsight's remote="local" pops non-installed modules from sys.modules while it deserializes;
+    a writer thread importing in that window (icechunk, zarr, ...) got half-built modules, and
+    later imports (pytest's own, in CI) got fresh copies. In a fresh interpreter, where the store's
+    modules are first imported during the run, the run succeeds and no module object changes."""
+    import subprocess
+    import sys
+
+    spec = Path(__file__).resolve().parents[1] / "specs" / "depth_norms.yaml"
+    done = subprocess.run([sys.executable, "-c", SIMULATION_KEEPS_MODULES, str(spec), str(tmp_path / "s.zarr")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 # ------------------------------------------------------------- what the backend relies on
 
 

@@ -291,7 +291,7 @@ def run_spec(
         bar = tqdm(total=len(todo), disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
         run = _Run(spec, store, summary, hashes, bar, log, device, dtype, remote_config, remote_models, first)
         try:
-            with known_warnings_silenced(), result_writer(store, spec, summary, bar) as writer:
+            with known_warnings_silenced(), result_writer(store, spec, summary, bar, remote_config, log) as writer:
                 run.todo(todo, writer)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
             bar.close()
@@ -352,7 +352,8 @@ class _Run:
 
 
 @contextlib.contextmanager
-def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any) -> Any:
+def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any, remote_config: Any = None,
+                  log: Callable[[str], None] = _LOG.info) -> Any:
     """The background writer (or, with `backend.write_queue_mb: 0`, a synchronous one), counting
     committed results into `summary` and the progress bar."""
     from .writer import BackgroundWriter, SyncWriter
@@ -362,6 +363,13 @@ def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any) 
         bar.update(1)
 
     queue_mb = getattr(spec.backend, "write_queue_mb", 1024)
+    if queue_mb and remote_config is not None and remote_config.simulated:
+        # nnsight's remote="local" pops every non-installed module from sys.modules, process-wide,
+        # while it deserializes a request: a writer thread importing (icechunk, zarr, ...) in that
+        # window gets half-built modules. So the simulation writes between traces, on this thread.
+        log("note: nnsight's local simulation hides modules process-wide; results are written "
+            "synchronously (no background writer)")
+        queue_mb = 0
     writer = BackgroundWriter(store, queue_mb << 20, written) if queue_mb else SyncWriter(store, written)
     with writer:
         yield writer
