@@ -24,7 +24,7 @@ import torch
 
 from .interventions import site_tensor
 from .records import Record
-from .sites import order, position_index, residual_envoy
+from .sites import batch_rows, order, position_index, residual_envoy
 
 CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 
@@ -44,11 +44,12 @@ class ResidualCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
 
-    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
-        saved.setdefault(("hidden", layer), []).append(to_host(residual_envoy(model, layer).input[0]))
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        hidden = batch_rows(residual_envoy(model, layer).input, row)
+        saved.setdefault(("hidden", layer), []).append(to_host(hidden[0]))
 
 
-def attention_probabilities(args: tuple, kwargs: dict) -> torch.Tensor:
+def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch.Tensor:
     """Attention probabilities (batch, heads, query, key) from the arguments of a decoder layer's
     attention call `attention_interface(self, query, key, value, attention_mask, scaling=...)`:
     softmax(q kᵀ · scaling + mask) in float32, the computation of transformers' eager attention
@@ -58,8 +59,10 @@ def attention_probabilities(args: tuple, kwargs: dict) -> torch.Tensor:
     equal to eager's own probabilities, later layers within 2e-7 (their inputs differ by
     sdpa's rounding). Masks: None = causal (queries are the last positions of the keys),
     (batch, key) = causal and a padding mask, 4-D boolean = True where allowed, 4-D additive float
-    = 0 where allowed."""
+    = 0 where allowed. `row`: only that batch row (`workbench.sites.batch_rows`)."""
     _, query, key, _, mask = args[:5]
+    query, key = batch_rows(query, row), batch_rows(key, row)
+    mask = mask if mask is None else batch_rows(mask, row)
     scaling = kwargs.get("scaling")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -91,10 +94,10 @@ class AttentionCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("attention", l, 2), l) for l in self.layers]
 
-    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any) -> None:
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
         args, kwargs = call.inputs
-        probs = attention_probabilities(args, kwargs)[0]  # (heads, q, k)
+        probs = attention_probabilities(args, kwargs, row)[0]  # (heads, q, k)
         n_keys = probs.shape[-1]
         vision_keys = torch.zeros(n_keys, dtype=torch.bool, device=probs.device)  # generated keys: text
         prompt = torch.as_tensor(inputs.modality == "vision")[:n_keys]
@@ -113,9 +116,10 @@ class ModuleOutputCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any) -> None:
+    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         path = model.arch.embed if self.site == "embed" else model.arch.final_norm
-        saved.setdefault((self.site, None), []).append(to_host(model.module(path)[0].output[0]))
+        output = batch_rows(model.module(path)[0].output, row)
+        saved.setdefault((self.site, None), []).append(to_host(output[0]))
 
 
 class SiteValues(Record):
@@ -129,9 +133,9 @@ class SiteValues(Record):
             return [(order("layer", l, 1), l) for l in self.layers or ()]
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any) -> None:
+    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         index = torch.as_tensor(position_index(self.positions, inputs.modality))
-        saved[("site", self.site, layer)] = to_host(site_tensor(model, self.site, layer)[0, index])
+        saved[("site", self.site, layer)] = to_host(batch_rows(site_tensor(model, self.site, layer), row)[0, index])
 
 
 class CachedKVCapture(Record):
@@ -140,14 +144,15 @@ class CachedKVCapture(Record):
     _fields = ("layers", "keys", "values")
     _defaults = {"keys": True, "values": True}
 
-    def read_cache(self, cache: Any, n_tokens: int) -> dict[str, np.ndarray]:
+    def read_cache(self, cache: Any, n_tokens: int, row: int = 0) -> dict[str, np.ndarray]:
+        """(token, layer, kv) arrays of batch row `row` of the cache."""
         out = {}
         for name, wanted in (("keys", self.keys), ("values", self.values)):
             if not wanted:
                 continue
             per_layer = []
             for l in self.layers:
-                tensor = getattr(cache.layers[l], name)[0, :, :n_tokens]      # (kv_heads, seq, hd)
+                tensor = getattr(cache.layers[l], name)[row, :, :n_tokens]      # (kv_heads, seq, hd)
                 per_layer.append(to_host(tensor).permute(1, 0, 2).reshape(n_tokens, -1))
             out[name] = torch.stack(per_layer, dim=1).numpy()               # (token, layer, kv)
         return out

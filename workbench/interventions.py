@@ -23,15 +23,36 @@ from typing import Any
 import torch
 
 from .records import Record
-from .sites import order, position_index, residual_envoy
+from .sites import batch_rows, order, position_index, residual_envoy
 
 EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
 PROJECTOR_SITES = ("projector", "projector.merger")
 
 
-def projector_envoys(model: Any, site: str) -> list[Any]:
+def apply_rows(model: Any, edits: list[tuple[Any, Any, int | None, tuple[int, int] | None]]) -> None:
+    """Interventions at one execution-order key, as (intervention, inputs, layer, batch row)s
+    (several rows of a batched forward). A projector site can be several modules, each served
+    once in execution order (Qwen3-VL: the DeepStack mergers, then the merger): so every row's
+    edit of one module is made before the next module is requested."""
+    if edits[0][0].site not in PROJECTOR_SITES:
+        for item, inputs, layer, row in edits:
+            item.apply(model, inputs, layer, row)
+        return
+    wanted = [set(_projector_modules(model, item.site)) for item, _, _, _ in edits]
+    for key, envoy in _projector_modules(model, "projector").items():
+        takers = [(item, row) for (item, _, _, row), keys in zip(edits, wanted) if key in keys]
+        if not takers:
+            continue
+        output = envoy.output
+        for item, row in takers:
+            block = batch_rows(output, row)
+            block[:] = item.edit(block, None)
+
+
+def _projector_modules(model: Any, site: str) -> dict[str, Any]:
+    """{path#index: envoy} of a projector site's modules, in execution order."""
     paths = model.arch.projector if site == "projector" else (model.arch.projector_merger,)
-    return [envoy for path in paths for envoy in model.module(path)]
+    return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}
 
 
 def site_tensor(model: Any, site: str, layer: int | None) -> torch.Tensor:
@@ -50,12 +71,13 @@ class Intervention(Record):
             return [(order("layer", l, 0), l) for l in self.layers or ()]
         return [(order(self.site, None, 0), None)]
 
-    def apply(self, model: Any, inputs: Any, layer: int | None = None) -> None:
+    def apply(self, model: Any, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
+        """Edit the site in place; `row` = (index, of): only that batch row's block (see
+        `workbench.sites.batch_rows`), None: the whole batch."""
         if self.site in PROJECTOR_SITES:
-            for envoy in projector_envoys(model, self.site):
-                envoy.output[:] = self.edit(envoy.output, None)
+            apply_rows(model, [(self, inputs, layer, row)])
             return
-        hidden = site_tensor(model, self.site, layer)
+        hidden = batch_rows(site_tensor(model, self.site, layer), row)
         index = torch.as_tensor(position_index(self.positions, inputs.modality), device=hidden.device)
         hidden[:, index] = self.edit(hidden[:, index], layer)
 

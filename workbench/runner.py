@@ -248,6 +248,7 @@ def run_spec(
     if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
         samples = samples[shard[0]::shard[1]]
     preflight_positions(spec, plans, samples)
+    _log_unbatched(getattr(backend, "batch_size", 1), plans, remote_config, log)
     remote_models: dict[str, Any] = {}
     if remote_config is not None:
         from .backends.remote import prepare_remote
@@ -334,7 +335,8 @@ class _Run:
             if self.first is not None and self.first[0] == (model_id, sample.id):
                 results, self.first = self.first[1], None  # run before the store existed (see run_spec)
             else:
-                results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar, self.log)
+                results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar,
+                                          self.log, self.spec.backend.batch_size)
             for condition, result in results:
                 inputs = inputs_by_image[condition.image]
                 variables = sample_variables(inputs, result, plan.capture.coords(),
@@ -349,6 +351,19 @@ class _Run:
                     _signal_drill(self.submitted)
                     writer.put(model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id])
                     self.submitted += 1
+
+
+def _log_unbatched(batch_size: int, plans: list[ModelPlan], remote_config: Any, log: Callable[[str], None]) -> None:
+    """Say which runs `backend.batch_size` does not batch, and why."""
+    if batch_size <= 1:
+        return
+    if remote_config is not None:
+        log("note: backend.batch_size applies to local runs; a remote job runs its sample's conditions one by one")
+        return
+    swaps = sorted({c.name for plan in plans for c in plan.conditions if c.kv_swap is not None})
+    if swaps:
+        log(f"note: {', '.join(swaps)} run unbatched: a KV swap edits its own cache between a truncated "
+            "prefill and a decode step")
 
 
 @contextlib.contextmanager
@@ -427,13 +442,6 @@ class LazyInputs(dict):
         return self[image_mode]
 
 
-def _execute(model: Any, inputs_by_image: LazyInputs, condition: Any, plan: ModelPlan) -> Any:
-    from .backends.local import run_condition
-    from .store import fault_point
-
-    return run_condition(model, inputs_by_image, condition, plan, on_trace=fault_point)
-
-
 def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None]) -> Any:
     if remote is None:
         from .models.model import WorkbenchModel
@@ -445,14 +453,19 @@ def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any
 
 
 def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
-                    remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
-    """(condition, result) of one sample's conditions: locally one run at a time (each written
-    before the next runs); remotely all in one job, then written one by one."""
+                    remote: Any, bar: Any, log: Callable[[str], None], batch_size: int = 1) -> Any:
+    """(condition, result) of one sample's conditions: locally one forward (of up to `batch_size`
+    conditions) at a time, each handed to the writer before the next runs; remotely all in one
+    job, then written one by one."""
     sample_id = inputs_by_image.sample.id
     if remote is None:
-        for condition in conditions:
-            bar.set_description(f"{plan.info.model_id} | {sample_id} | {condition.name}")
-            yield condition, _execute(model, inputs_by_image, condition, plan)
+        from .backends.local import batches, run_batch
+        from .store import fault_point
+
+        for group in batches(inputs_by_image, conditions, batch_size):
+            names = group[0].name if len(group) == 1 else f"{len(group)} conditions"
+            bar.set_description(f"{plan.info.model_id} | {sample_id} | {names}")
+            yield from zip(group, run_batch(model, inputs_by_image, group, plan, on_trace=fault_point))
         return
     from .backends.remote import run_sample
 

@@ -38,6 +38,19 @@ def order(site: str, layer: int | None = None, phase: int = 0) -> tuple[int, int
     return (SITE_STAGE[site], -1 if layer is None else layer, phase)
 
 
+def batch_rows(tensor: Any, row: tuple[int, int] | None) -> Any:
+    """The rows of batch row `row` = (index, of) in `tensor`, a view (in-place edits reach the
+    forward). Batched runs stack conditions with the same token sequence, so each batch row owns
+    an equal block of a tensor's first dimension: one row of a (batch, seq, dim) stream, or
+    n_vision_tokens rows of Qwen's flat (batch * tokens, dim) merger output. A first dimension
+    of 1 is shared by every row (a broadcast mask). None: the whole tensor (unbatched)."""
+    if row is None or tensor.shape[0] == 1:
+        return tensor
+    index, of = row
+    block = tensor.shape[0] // of
+    return tensor[index * block:(index + 1) * block]
+
+
 def residual_envoy(model: Any, layer: int) -> Any:
     """The envoy whose `.input` is the residual stream at `layer` (see the convention above)."""
     if layer < model.n_layers:

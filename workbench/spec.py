@@ -692,6 +692,9 @@ class BackendSpec(_Model):
     # results wait for the background store writer in a queue of at most this many MB (the next
     # forward runs meanwhile); 0 writes each result before the next forward
     write_queue_mb: NonNegativeInt = 1024
+    # conditions of one sample with the same token sequence (an alpha sweep, real vs blank image)
+    # run as the rows of one forward, at most this many; kv_swap conditions run alone
+    batch_size: PositiveInt = 1
 
 
 @dataclass(frozen=True)

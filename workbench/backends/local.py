@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from ..capture import CapturePlan, SiteValues
-from ..interventions import Normalize, needs_source
+from ..interventions import Normalize, apply_rows, needs_source
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
-from ..sites import order, position_index
+from ..sites import batch_rows, order, position_index
 
 
 class RunResult(Record):
@@ -54,6 +54,14 @@ def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[
     return sorted(ops, key=lambda op: op[0])
 
 
+class Row(Record):
+    """One condition's share of a (possibly batched) forward: its inputs, resolved interventions,
+    readers, and whether it wants the last position's log-probabilities."""
+
+    _fields = ("inputs", "interventions", "readers", "logits")
+    _defaults = {"interventions": (), "readers": (), "logits": False}
+
+
 def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
           readers: list[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
           on_trace: Any = None) -> dict[Any, Any]:
@@ -63,7 +71,22 @@ def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tupl
     cache: continue from this KV cache (decode steps; it is extended in place). Without one,
     keep_cache: also return the cache the model builds, as saved["cache"] (prompt forwards).
     on_trace: called with "trace" inside the trace (the local runner's fault drills)."""
-    ops = _operations(interventions, list(readers), logits)
+    saved, built = trace_rows(model, encoding, [Row(inputs, interventions, list(readers), logits)], cache,
+                              keep_cache, on_trace)
+    if built is not None:
+        saved[0]["cache"] = built
+    return saved[0]
+
+
+def trace_rows(model: Any, encoding: dict[str, Any], rows: list[Row], cache: Any = None, keep_cache: bool = False,
+               on_trace: Any = None) -> tuple[list[dict[Any, Any]], Any]:
+    """One forward of `encoding`, whose batch row r is `rows[r]`: each row's interventions edit
+    and its readers read only that row (`workbench.sites.batch_rows`). Returns each row's saved
+    values and, with keep_cache (no `cache` given), the cache the forward built."""
+    batched = len(rows) > 1
+    ops = sorted(((key, r, role, item, layer) for r, row in enumerate(rows)
+                  for key, role, item, layer in _operations(row.interventions, list(row.readers), row.logits)),
+                 key=lambda op: (op[0], op[1]))
     if cache is not None:
         kwargs = {**encoding, **_cache_kwargs(cache)}
     else:
@@ -71,20 +94,25 @@ def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tupl
     # outside inference mode nnsight keeps the autograd graph: 1.2-2.3x slower, GBs more memory
     with torch.inference_mode():
         with model.lm.trace(**kwargs):
-            saved = nnsight.save({})
+            saved = nnsight.save([{} for _ in rows])
             if on_trace is not None:
                 on_trace("trace")
-            for _, role, item, layer in ops:
+            edits = []  # interventions at one key, all rows: applied together (see apply_rows)
+            for i, (key, r, role, item, layer) in enumerate(ops):
+                where = (r, len(rows)) if batched else None
                 if role == "intervene":
-                    item.apply(model, inputs, layer)
+                    edits.append((item, rows[r].inputs, layer, where))
+                    if i + 1 == len(ops) or ops[i + 1][0] != key or ops[i + 1][2] != role:
+                        apply_rows(model, edits)
+                        edits = []
                 elif role == "read":
-                    item.read(model, layer, saved, inputs)
+                    item.read(model, layer, saved[r], rows[r].inputs, where)
                 else:
-                    last = model.module(model.arch.lm_head)[0].output[0, -1]
-                    saved[("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
+                    last = batch_rows(model.module(model.arch.lm_head)[0].output, where)[0, -1]
+                    saved[r][("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
             if cache is None and keep_cache:
-                saved["cache"] = model.lm.output.past_key_values
-    return saved
+                saved[0]["cache"] = model.lm.output.past_key_values
+    return saved, saved[0].pop("cache", None)
 
 
 def _stack_layers(saved: dict, name: str, layers: tuple[int, ...], dim: int = 1) -> torch.Tensor:
@@ -100,9 +128,10 @@ def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
 
 
 def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
-    """Inputs of a one-token decode step. No attention mask and no position ids: the model
-    counts positions from its cache (Qwen3-VL adds the M-RoPE offset it kept from the prompt)."""
-    return {"input_ids": token.view(1, 1).to(model.device)}
+    """Inputs of a one-token decode step, one token per batch row. No attention mask and no
+    position ids: the model counts positions from its cache (Qwen3-VL adds the M-RoPE offset it
+    kept from the prompt); the rows of a batch have equal lengths, so no padding either."""
+    return {"input_ids": token.view(-1, 1).to(model.device)}
 
 
 def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...]) -> None:
@@ -141,46 +170,109 @@ def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPl
     return tuple(resolved)
 
 
-@torch.inference_mode()  # the caches it edits between traces are inference tensors
+def batches(inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], batch_size: int) -> list[list[ConditionPlan]]:
+    """`conditions` (one sample's) grouped into forwards of at most `batch_size` rows, in order of
+    their first condition. Rows of one forward share the token sequence and the shape of every
+    input (real and blank image alike), so no padding is needed and each row's tensors are an
+    equal block of the batch. A kv_swap condition runs alone (its cache is edited between a
+    truncated prefill and a decode step of its own)."""
+    groups: dict[Any, list[list[ConditionPlan]]] = {}
+    out: list[list[ConditionPlan]] = []
+    for condition in conditions:
+        if condition.kv_swap is not None or batch_size <= 1:
+            out.append([condition])
+            continue
+        inputs = inputs_by_image[condition.image]
+        key = (tuple(int(t) for t in inputs.input_ids),
+               tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(inputs.encoding.items())))
+        open_groups = groups.setdefault(key, [])
+        if not open_groups or len(open_groups[-1]) == batch_size:
+            open_groups.append([])
+            out.append(open_groups[-1])
+        open_groups[-1].append(condition)
+    return out
+
+
+def stack_encodings(encodings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One encoding whose batch rows are `encodings` (equal shapes): every tensor concatenated on
+    its first dimension, which is the batch for token inputs and the image (or flat patch) axis
+    for image inputs, so each row keeps an equal block."""
+    if len(encodings) == 1:
+        return encodings[0]
+    return {k: torch.cat([e[k] for e in encodings], dim=0) for k in encodings[0]}
+
+
+def run_conditions(model: Any, inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], plan: ModelPlan,
+                   batch_size: int = 1, on_trace: Any = None) -> dict[str, RunResult]:
+    """Run one sample's `conditions`, up to `batch_size` of them per forward (`batches`); each
+    result equals its unbatched `run_condition` (to float rounding)."""
+    results = {}
+    for group in batches(inputs_by_image, conditions, batch_size):
+        for condition, result in zip(group, run_batch(model, inputs_by_image, group, plan, on_trace)):
+            results[condition.name] = result
+    return {c.name: results[c.name] for c in conditions}
+
+
 def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
                   on_trace: Any = None) -> RunResult:
     """Run one (sample, condition) and return its captures as numpy arrays. `on_trace`: see `trace`."""
+    return run_batch(model, inputs_by_image, [condition], plan, on_trace)[0]
+
+
+def run_batch(model: Any, inputs_by_image: dict[str, Any], group: list[ConditionPlan], plan: ModelPlan,
+              on_trace: Any = None) -> list[RunResult]:
+    """The conditions of `group` (one, or several that `batches` put together) in one forward.
+    Inference mode inside, not as a decorator: the function travels to NDIF by its source."""
+    with torch.inference_mode():  # the caches edited between traces are inference tensors
+        if group[0].kv_swap is not None:
+            return [_run_kv_swap(model, inputs_by_image, group[0], plan, on_trace)]
+        captures = plan.capture
+        readers = captures.readers()
+        rows = [Row(inputs_by_image[c.image], _resolve(model, inputs_by_image, c, plan, on_trace), readers,
+                    captures.decoding) for c in group]
+        model.prepare()
+        saved, cache = trace_rows(model, stack_encodings([row.inputs.encoding for row in rows]), rows,
+                                  keep_cache=True, on_trace=on_trace)
+        results = [RunResult() for _ in rows]
+        for r, result in enumerate(results):
+            _collect_prompt(result, [saved[r]], captures, cache, rows[r].inputs.n_tokens, r)
+        _decode(model, [row.inputs for row in rows], captures, cache, saved, results, on_trace)
+        return results
+
+
+def _run_kv_swap(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+                 on_trace: Any = None) -> RunResult:
+    """A kv_swap condition: prefill all but the last token, swap the donor's K/V in, decode it."""
     captures = plan.capture
     inputs = inputs_by_image[condition.image]
     n = inputs.n_tokens
     interventions = _resolve(model, inputs_by_image, condition, plan, on_trace)
     readers = captures.readers()
     model.prepare()
-    if condition.kv_swap is None:
-        head = trace(model, inputs.encoding, inputs, interventions, readers, captures.decoding,
-                     keep_cache=True, on_trace=on_trace)
-        cache = head.pop("cache")
-        parts = [head]
-    else:
-        head_inputs = _truncate(inputs, n - 1, model.arch.per_token_keys)
-        head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False,
-                     keep_cache=True, on_trace=on_trace)
-        cache = head.pop("cache")
-        swap = condition.kv_swap
-        donor = plan.condition(swap.donor)
-        donor_inputs = inputs_by_image[donor.image]
-        donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)
-        model.prepare()
-        donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
-        donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
-                            on_trace=on_trace).pop("cache")
-        _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
-        last = torch.as_tensor(inputs.input_ids[-1])
-        tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache, on_trace=on_trace)
-        parts = [head, tail]
+    head_inputs = _truncate(inputs, n - 1, model.arch.per_token_keys)
+    head = trace(model, head_inputs.encoding, head_inputs, interventions, readers, False,
+                 keep_cache=True, on_trace=on_trace)
+    cache = head.pop("cache")
+    swap = condition.kv_swap
+    donor = plan.condition(swap.donor)
+    donor_inputs = inputs_by_image[donor.image]
+    donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)
+    model.prepare()
+    donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
+    donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
+                        on_trace=on_trace).pop("cache")
+    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
+    last = torch.as_tensor(inputs.input_ids[-1])
+    tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache, on_trace=on_trace)
     result = RunResult()
-    _collect_prompt(result, parts, captures, cache, n)
-    _decode(model, inputs, captures, cache, parts[-1], result, on_trace)
+    _collect_prompt(result, [head, tail], captures, cache, n)
+    _decode(model, [inputs], captures, cache, [tail], [result], on_trace)
     return result
 
 
-def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan, cache: Any, n: int) -> None:
-    """Token rows of the prompt: residual, K/V and prefill attention mass (over 1 or 2 traces)."""
+def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan, cache: Any, n: int, row: int = 0) -> None:
+    """Token rows of the prompt: residual, K/V (batch row `row` of the cache) and prefill
+    attention mass (over 1 or 2 traces)."""
     merged: dict[Any, list[torch.Tensor]] = {}
     for part in parts:
         for key, tensors in part.items():
@@ -190,31 +282,36 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
     if captures.attention:
         result.tokens["prefill_vision_mass"] = _stack_layers(merged, "vision_mass", captures.attention.layers).numpy()
     if captures.kv:
-        result.tokens.update(captures.kv.read_cache(cache, n))
+        result.tokens.update(captures.kv.read_cache(cache, n, row))
     for output in captures.outputs:
         result.tokens[output.site] = torch.cat(merged[(output.site, None)], dim=0).numpy()
 
 
-def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult,
-            on_trace: Any = None) -> None:
-    """Greedy decode: step 0 is the prompt's own prediction; steps 1.. run one token each."""
+def _decode(model: Any, inputs: list[Any], captures: CapturePlan, cache: Any, last: list[dict],
+            results: list[RunResult], on_trace: Any = None) -> None:
+    """Greedy decode of every batch row (`inputs[r]`, `results[r]`): step 0 is the prompt's own
+    prediction (`last[r]`); steps 1.. feed each row's token back, one token per row per step."""
     if not captures.decoding:
         return
-    n = inputs.n_tokens
-    logprobs, rows, step_saved = [], [], last
+    attention = [captures.attention] if captures.attention else []
+    logprobs: list[list[torch.Tensor]] = [[] for _ in inputs]
+    rows: list[list[torch.Tensor]] = [[] for _ in inputs]
+    step_saved = last
     for step in range(captures.max_new_tokens):
         if step > 0:
-            token = torch.as_tensor(int(logprobs[-1].argmax()))
-            encoding = _decode_encoding(model, token)
-            attention = [captures.attention] if captures.attention else []
-            step_saved = trace(model, encoding, inputs, (), attention, True, cache, on_trace=on_trace)
-        logprobs.append(step_saved[("logprobs", None)][-1])
+            tokens = torch.stack([torch.as_tensor(int(lp[-1].argmax())) for lp in logprobs])
+            step_rows = [Row(x, (), attention, True) for x in inputs]
+            step_saved, _ = trace_rows(model, _decode_encoding(model, tokens), step_rows, cache, on_trace=on_trace)
+        for r, x in enumerate(inputs):
+            logprobs[r].append(step_saved[r][("logprobs", None)][-1])
+            if captures.attention:
+                # the step's query row over the prompt keys: (key, layer, head)
+                n = x.n_tokens
+                rows[r].append(torch.stack([step_saved[r][("last_row", l)][-1][:n] for l in captures.attention.layers], dim=1))
+    for r, result in enumerate(results):
+        stacked = torch.stack(logprobs[r])                                # (step, vocab)
+        if captures.logits:
+            result.run["logprobs"] = stacked[None].numpy()
+            result.run["generated"] = stacked.argmax(-1)[None].numpy().astype(np.int64)
         if captures.attention:
-            # the step's query row over the prompt keys: (key, layer, head)
-            rows.append(torch.stack([step_saved[("last_row", l)][-1][:n] for l in captures.attention.layers], dim=1))
-    stacked = torch.stack(logprobs)                                   # (step, vocab)
-    if captures.logits:
-        result.run["logprobs"] = stacked[None].numpy()
-        result.run["generated"] = stacked.argmax(-1)[None].numpy().astype(np.int64)
-    if captures.attention:
-        result.tokens["decode_attention"] = torch.stack(rows, dim=1).numpy()  # (token, step, layer, head)
+            result.tokens["decode_attention"] = torch.stack(rows[r], dim=1).numpy()  # (token, step, layer, head)

@@ -22,11 +22,9 @@ from typing import Any
 import torch
 
 from ..models.model import WorkbenchModel
-from .local import run_condition as _decorated_run_condition
-
-# inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
-# run_condition's body with torch's globals on the server (NameError). Ship the plain function.
-run_condition = getattr(_decorated_run_condition, "__wrapped__", _decorated_run_condition)
+# undecorated (inspect.getsource follows __wrapped__: a torch.inference_mode() wrapper would be
+# rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
+from .local import run_condition
 
 
 class ServerModel:

@@ -1,0 +1,123 @@
+"""Batched forwards (`backend.batch_size`): the conditions of one sample that share a token
+sequence run as the rows of one forward, each row edited and read on its own, and the store
+equals the unbatched one (float32, 1e-5) for every family, every capture and intervention kind,
+decode steps included; kv_swap conditions run alone, with a logged reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import workbench
+from workbench.models.architectures import tiny_architectures
+from workbench.models.model import model_info
+from workbench.runner import run_spec
+from workbench.spec import parse_spec
+
+CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
+            "{site: embed}, {site: final_norm}]")
+
+
+def conditions_for(name: str) -> str:
+    """An alpha sweep (one batch per sample), image ablations, every intervention kind, a source
+    condition and a KV swap."""
+    width = model_info(name).hidden_size
+    vector = "[" + ", ".join(f"{0.01 * ((i % 5) - 2):.2f}" for i in range(width)) + "]"
+    if not model_info(name).arch.is_multimodal:
+        return f"""
+  baseline: {{}}
+  alpha: {{sweep: {{a: [0.5, 2.0, 3.0]}}, interventions: [{{kind: scale, site: embed, positions: all, factor: $a}}]}}
+  zero: {{interventions: [{{kind: zero, site: layer, layers: [1], positions: [2]}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: [0, 1], from: zero}}]}}
+  hybrid: {{kv_swap: {{donor: zero, positions: [0, 1, 2], layers: all}}}}"""
+    swap = "" if model_info(name).arch.quirks.get("prefix_lm") else \
+        "\n  hybrid: {kv_swap: {donor: blank, positions: vision, layers: all}}"
+    return f"""
+  baseline: {{}}
+  alpha: {{sweep: {{a: [0.0, 0.5, 2.0]}}, interventions: [{{kind: scale, site: projector, positions: vision, factor: $a}}]}}
+  blank: {{image: blank}}
+  blank_alpha: {{image: blank, interventions: [{{kind: scale, site: projector, positions: vision, factor: 3.0}}]}}
+  none: {{image: none}}
+  normalize: {{interventions: [{{kind: normalize, site: projector}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: text, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: vision, from: blank}}]}}{swap}"""
+
+
+def spec_for(name: str, store: Path, batch_size: int) -> str:
+    return f"""\
+name: batching-{name}
+models: [{name}]
+data: {{source: builtin, n: 2}}
+conditions:{conditions_for(name)}
+capture: {CAPTURES}
+generate: {{max_new_tokens: 3}}
+backend: {{batch_size: {batch_size}, dtype: float32, device: cpu}}
+store: {{path: {store}}}
+"""
+
+
+def run(text: str, logs: list[str] | None = None) -> None:
+    run_spec(parse_spec(text), progress=False, log=(logs.append if logs is not None else lambda _: None))
+
+
+FAMILIES = [a.tiny for a in tiny_architectures()]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
+    one, batched = tmp_path / "one.zarr", tmp_path / "batched.zarr"
+    run(spec_for(name, one, 1))
+    logs: list[str] = []
+    run(spec_for(name, batched, 4), logs)
+    a, b = workbench.open_store(one, model=name), workbench.open_store(batched, model=name)
+    assert set(a.data_vars) == set(b.data_vars) and a.sizes == b.sizes
+    for variable in a.data_vars:
+        x, y = a[variable].values, b[variable].values
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
+        else:
+            np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
+    for dim in a.indexes:  # the labels: conditions, sweep values, samples, positions, modality
+        assert a.indexes[dim].equals(b.indexes[dim]), (name, dim)
+    for coord in a.coords:
+        if coord not in a.indexes:
+            np.testing.assert_array_equal(a[coord].values, b[coord].values, err_msg=f"{name}: {coord}")
+    if "hybrid:" in conditions_for(name):
+        assert any("hybrid run unbatched" in line for line in logs), logs
+
+
+
+def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny):
+    """Counted with a plain PyTorch hook: the sweep's 4 conditions (blank too: same tokens) run
+    as one forward of 4 rows (then 2 decode steps of 4 rows); the none-image condition, another
+    token sequence, runs alone. Each row's layer-0 vision rows are its alpha times the baseline's
+    (numpy), so no row got another row's edit."""
+    from test_interventions import SAMPLE, plan_for
+
+    from workbench.backends.local import batches, run_conditions
+    from workbench.runner import LazyInputs
+
+    model = load_tiny("tiny-qwen3vl", attn="sdpa")
+    plan = plan_for(model, """  alpha: {sweep: {a: [1.0, 0.5, 2.0]}, interventions: [{kind: scale, site: projector, positions: vision, factor: $a}]}
+  blank: {image: blank}
+  none: {image: none}""", generate=3, capture="[{site: layer, layers: [0]}, {site: logits}]")
+    inputs = LazyInputs(model, SAMPLE)
+    conditions = list(plan.conditions)
+    assert [[c.name for c in g] for g in batches(inputs, conditions, 8)] == \
+        [["a=1.0", "a=0.5", "a=2.0", "blank"], ["none"]]
+    rows = []
+    hook = model.hf.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    try:
+        results = run_conditions(model, inputs, conditions, plan, batch_size=8)
+    finally:
+        hook.remove()
+    assert rows == [4, 4, 4, 1, 1, 1]  # prompt + 2 decode steps, batched; then the none-image run
+    vision = inputs["real"].modality == "vision"
+    base = results["a=1.0"].tokens["hidden"][vision, 0]
+    for alpha in (0.5, 2.0):
+        np.testing.assert_allclose(results[f"a={alpha}"].tokens["hidden"][vision, 0], alpha * base, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(results["blank"].tokens["hidden"][vision, 0], base)
