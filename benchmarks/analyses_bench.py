@@ -192,7 +192,8 @@ def real_size_capture(model: Any, store: Path, conditions: tuple[str, ...] = ("b
     from workbench.checks import nonfinite_report
     from workbench.data import builtin_samples
     from workbench.plan import compile_plan
-    from workbench.runner import LazyInputs, _execute, provenance, sample_variables
+    from workbench.backends.local import run_condition
+    from workbench.runner import LazyInputs, provenance, sample_variables
     from workbench.spec import parse_spec
     from workbench.store import StoreWriter, Variable
 
@@ -206,7 +207,7 @@ def real_size_capture(model: Any, store: Path, conditions: tuple[str, ...] = ("b
         writer.ensure_model(model.model_id, model.describe())
         inputs_by_image = LazyInputs(model, sample)
         for condition in plan.conditions:
-            result = _execute(model, inputs_by_image, condition, plan)
+            result = run_condition(model, inputs_by_image, condition, plan)
             inputs = inputs_by_image[condition.image]
             variables = sample_variables(inputs, result, plan.capture.coords())
             problems = nonfinite_report(variables)

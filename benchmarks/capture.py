@@ -54,7 +54,8 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
     from workbench.checks import nonfinite_report
     from workbench.data import builtin_samples
     from workbench.plan import compile_plan
-    from workbench.runner import LazyInputs, _execute, sample_variables
+    from workbench.backends.local import run_condition
+    from workbench.runner import LazyInputs, sample_variables
     from workbench.store import StoreWriter, Variable
 
     if attention and model.hf.config._attn_implementation != "eager":
@@ -88,7 +89,7 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
 
             def workbench(i: int) -> None:
                 t0 = now()
-                result = _execute(model, inputs_by_image, condition, plan)
+                result = run_condition(model, inputs_by_image, condition, plan)
                 sync()
                 t1 = now()
                 variables = sample_variables(inputs, result, plan.capture.coords())

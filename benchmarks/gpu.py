@@ -4,14 +4,16 @@
     python -m benchmarks.gpu                         # on a GPU machine; writes benchmarks/results/gpu.json
     python -m benchmarks.gpu --cpu-dry-run           # the same code path on the tiny models, CPU fp32
 
-Per model and variant (`layers`: residual stream at every layer, sdpa attention;
-`layers+attention`: also the attention probabilities, eager attention):
+Per model (sdpa attention):
 - capture overhead: one built-in sample, the workbench's run of one (sample, condition)
   (`run_condition` + store write, as the runner does) against a plain transformers forward with
-  `output_hidden_states` (+ `output_attentions`), hidden states copied to host float32; wall time
-  with CUDA synchronized, alternating (ABBA) after warm-ups, medians;
-- samples per second: `--samples` built-in samples (different images and prompts), each run once
-  through the plain loop and once through the workbench loop (store writes included), in wall time.
+  `output_hidden_states`, hidden states copied to host float32; wall time with CUDA synchronized,
+  alternating (ABBA) after warm-ups, medians;
+- the alpha sweep (8 conditions per sample, residual at 3 layers + logits), samples per second
+  over `--samples` built-in samples (different images and prompts), wall time, store writes
+  included: the plain batched loop (one 8-row transformers forward per sample, alphas applied
+  per row by forward hooks, `np.save`) against the workbench's runner loop at
+  `backend.batch_size` 1 and 8.
 Peak GPU memory is recorded per model. Models are built on the GPU from config (random init).
 """
 
@@ -54,62 +56,156 @@ def _build(name: str, device: str, dtype: str, attn: str) -> Any:
     return wrap_in_memory(module, ckpt, name, device=device, dtype=dtype, attn=attn), tmp
 
 
-def throughput(model: Any, n: int, attention: bool, workdir: Path | None = None) -> dict[str, Any]:
-    """Samples per second of the plain loop and of the workbench loop over n built-in samples."""
+SWEEP = """\
+name: bench-sweep
+models: [tiny-smolvlm]
+data: {{source: builtin, n: 1}}
+conditions:
+  alpha: {{sweep: {{a: [{alphas}]}}, interventions: [{{kind: scale, site: projector, positions: vision, factor: $a}}]}}
+capture: [{{site: layer, layers: [{layers}]}}, {{site: logits}}]
+backend: {{batch_size: {batch}}}
+store: {{path: {store}}}
+"""
+ALPHAS = (0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)  # 8 conditions: one forward of 8 rows when batched
+
+
+def _sweep_layers(model: Any) -> list[int]:
+    return sorted({0, model.n_layers // 2, model.n_layers})
+
+
+def plain_sweep(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> float:
+    """The plain batched loop, wall seconds: per sample ONE transformers forward of 8 rows (the
+    sweep's alphas applied per row by plain forward hooks on the projector modules), the same
+    residual layers and last-position log-probabilities copied to host float32 and `np.save`d."""
     import numpy as np
     import torch
 
-    from workbench.checks import nonfinite_report
-    from workbench.data import builtin_samples
-    from workbench.plan import compile_plan
-    from workbench.runner import LazyInputs, _execute, sample_variables
-    from workbench.store import StoreWriter, Variable
+    from workbench.backends.local import stack_encodings
+    from workbench.runner import LazyInputs
 
-    from .capture import capture_spec
+    layers = _sweep_layers(model)
+    alphas = torch.tensor(ALPHAS)
+
+    def scale_rows(module: Any, args: Any, output: Any) -> Any:
+        block = output.shape[0] // len(ALPHAS)
+        factors = alphas.to(output.device, output.dtype).repeat_interleave(block)
+        return output * factors.view(-1, *([1] * (output.dim() - 1)))
+
+    modules = [envoy._module for path in model.arch.projector for envoy in model.module(path)]
+    encodings = []
+    for sample in samples:  # encoding (the processor, on the CPU) is outside the timing
+        inputs = LazyInputs(model, sample)["real"]
+        encodings.append(stack_encodings([inputs.encoding] * len(ALPHAS)))
+    hooks = [m.register_forward_hook(scale_rows) for m in modules]
+    try:
+        sync()
+        start = time.perf_counter()
+        for i, encoding in enumerate(encodings):
+            model.prepare()
+            with torch.inference_mode():
+                out = model.hf(**encoding, output_hidden_states=True)
+                hidden = torch.stack([out.hidden_states[l] for l in layers], dim=2).to("cpu", torch.float32).numpy()
+                logprobs = torch.log_softmax(out.logits[:, -1].float(), -1).cpu().numpy()
+            np.save(out_dir / f"hidden-{i}.npy", hidden)
+            np.save(out_dir / f"logprobs-{i}.npy", logprobs)
+        sync()
+        return time.perf_counter() - start
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def workbench_sweep(model: Any, samples: list[Any], batch: int, store_path: Path, sync: Any) -> float:
+    """The workbench, wall seconds: the runner's own loop (`workbench.runner._Run`: batches of
+    `backend.batch_size` conditions, one nnsight trace per batch, labels, the background store
+    writer) over the samples' alpha sweep, until every result is committed."""
+    from tqdm.auto import tqdm
+
+    from workbench.data import input_hash
+    from workbench.plan import compile_plan
+    from workbench.runner import RunSummary, _Run, result_writer
+    from workbench.spec import parse_spec
+    from workbench.store import StoreWriter
+
+    text = SWEEP.format(alphas=", ".join(map(str, ALPHAS)), layers=", ".join(map(str, _sweep_layers(model))),
+                        batch=batch, store=store_path)
+    spec = parse_spec(text, source="<benchmark sweep spec>")
+    plan = compile_plan(spec, model.info)
+    summary = RunSummary(store=str(store_path))
+    bar = tqdm(disable=True)
+    with StoreWriter(store_path) as store:
+        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
+                   str(model.device), "auto", None, {model.model_id: model}, None)
+        todo = [(plan, s, c) for s in samples for c in plan.conditions]
+        sync()
+        start = time.perf_counter()
+        with result_writer(store, spec, summary, bar) as writer:
+            run.todo(todo, writer)
+        sync()
+        elapsed = time.perf_counter() - start
+    assert summary.written == len(todo), (summary.written, len(todo))
+    return elapsed
+
+
+def batched_differences(unbatched: Path, batched: Path, model_id: str) -> dict[str, dict[str, float]]:
+    """How far the batch-8 store is from the batch-1 one, per float variable: the largest
+    absolute difference, and the largest relative to the variable's largest magnitude (in
+    bfloat16 batched and unbatched kernels round differently; in float32 tests ask 1e-5)."""
+    import numpy as np
+
+    import workbench
+
+    a, b = workbench.open_store(unbatched, model=model_id), workbench.open_store(batched, model=model_id)
+    out = {}
+    for name in a.data_vars:
+        x, y = a[name].values, b[name].values
+        if not np.issubdtype(x.dtype, np.floating):
+            out[name] = {"equal": bool(np.array_equal(x, y))}
+            continue
+        finite = np.isfinite(x) & np.isfinite(y)
+        diff = np.abs(x - y)[finite]
+        scale = float(np.abs(x[finite]).max()) if finite.any() else 0.0
+        out[name] = {"max_abs": float(diff.max()) if diff.size else 0.0,
+                     "max_rel_to_max": float(diff.max() / scale) if diff.size and scale else 0.0}
+    return out
+
+
+def sweep_throughput(model: Any, n: int, workdir: Path | None = None) -> dict[str, Any]:
+    """Samples/s of the alpha sweep (8 conditions per sample): the plain batched loop, the
+    workbench at batch 1 and at batch 8. Each arm runs once on one sample untimed (warm-up:
+    kernels, allocator), then timed on n samples (different images and prompts)."""
+    import torch
+
+    from workbench.data import builtin_samples
 
     cuda = str(model.device).startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    samples = builtin_samples(n)
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-tp-", dir=workdir) as tmp:
-        store_path = Path(tmp) / "tp.zarr"
-        spec = capture_spec(store_path, attention)
-        plan = compile_plan(spec, model.info)
-        condition = plan.conditions[0]
-        inputs = [LazyInputs(model, s) for s in samples]
-        for lazy in inputs:  # encoding (CPU, the processor) is outside both timings
-            lazy[condition.image]
-        sync()
-        start = time.perf_counter()
-        tokens = 0
-        for lazy in inputs:
-            model.prepare()
-            enc = lazy[condition.image]
-            with torch.inference_mode():
-                out = model.hf(**enc.encoding, output_hidden_states=True, output_attentions=attention)
-                torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()
-            tokens += enc.n_tokens
-        sync()
-        plain = time.perf_counter() - start
-        with StoreWriter(store_path) as store:
-            store.ensure_model(model.model_id, model.describe())
-            sync()
-            start = time.perf_counter()
-            for sample, lazy in zip(samples, inputs):
-                result = _execute(model, lazy, condition, plan)
-                enc = lazy[condition.image]
-                variables = sample_variables(enc, result, plan.capture.coords())
-                problems = nonfinite_report(variables)
-                variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
-                store.write_sample(model.model_id, condition.name, sample.id, variables,
-                                   condition_attrs=condition.store_attrs())
-            sync()
-            workbench = time.perf_counter() - start
-    return {"samples": n, "tokens": tokens, "plain_samples_per_s": round(n / plain, 3),
-            "workbench_samples_per_s": round(n / workbench, 3), "plain_s": round(plain, 3),
-            "workbench_s": round(workbench, 3), "ratio": round(workbench / plain, 4)}
+    samples = builtin_samples(n + 1)
+    warm, timed_samples = samples[:1], samples[1:]
+    seconds = {}
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-sweep-", dir=workdir) as tmp:
+        arms = {
+            "plain_batch8": lambda s, tag: plain_sweep(model, s, Path(tmp), sync),
+            "workbench_batch1": lambda s, tag: workbench_sweep(model, s, 1, Path(tmp) / f"b1-{tag}.zarr", sync),
+            "workbench_batch8": lambda s, tag: workbench_sweep(model, s, len(ALPHAS), Path(tmp) / f"b8-{tag}.zarr", sync),
+        }
+        for name, arm in arms.items():
+            arm(warm, "warm")
+            seconds[name] = arm(timed_samples, "timed")
+        differences = batched_differences(Path(tmp) / "b1-timed.zarr", Path(tmp) / "b8-timed.zarr", model.model_id)
+    out = {"samples": n, "conditions_per_sample": len(ALPHAS), "layers": _sweep_layers(model),
+           "batched_vs_unbatched": differences}
+    for name, s in seconds.items():
+        out[f"{name}_s"] = round(s, 3)
+        out[f"{name}_samples_per_s"] = round(n / s, 3)
+    out["ratio_batch1"] = round(seconds["workbench_batch1"] / seconds["plain_batch8"], 4)
+    out["ratio_batch8"] = round(seconds["workbench_batch8"] / seconds["plain_batch8"], 4)
+    out["batching_speedup"] = round(seconds["workbench_batch1"] / seconds["workbench_batch8"], 4)
+    return out
 
 
-def run(dry_run: bool, repeats: int, samples: int, out: Path | None, log: Any = print) -> dict[str, Any]:
+def run(dry_run: bool, repeats: int, samples: int, out: Path | None, log: Any = print,
+        workdir: Path | None = None) -> dict[str, Any]:
     import torch
 
     from . import capture
@@ -122,38 +218,35 @@ def run(dry_run: bool, repeats: int, samples: int, out: Path | None, log: Any = 
                                "dtype": dtype, "machine": machine(), "models": {}}
     t_all = time.perf_counter()
     for name in _models(dry_run):
-        entry: dict[str, Any] = {}
-        for variant in ("layers", "layers+attention"):
-            attention = variant == "layers+attention"
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        model, tmp = _build(name, device, dtype, "sdpa")
+        build_s = time.perf_counter() - t0
+        log(f"[gpu] {name}: built in {build_s:.1f} s")
+        try:
+            over = capture.measure(model, attention=False, repeats=repeats, warmup=2, clock="wall", workdir=workdir)
+            log(f"[gpu] {name}: overhead x{over['ratio']:.3f} (plain {median(over['baseline_wall_s']) * 1e3:.1f} ms, "
+                f"workbench {median(over['candidate_wall_s']) * 1e3:.1f} ms)")
+            sweep = sweep_throughput(model, samples, workdir)
+            log(f"[gpu] {name}: sweep samples/s plain batch 8 {sweep['plain_batch8_samples_per_s']:.2f}, workbench "
+                f"batch 1 {sweep['workbench_batch1_samples_per_s']:.2f}, batch 8 {sweep['workbench_batch8_samples_per_s']:.2f}")
+        finally:
+            del model
+            if tmp is not None:
+                tmp.cleanup()
             if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            model, tmp = _build(name, device, dtype, "eager" if attention else "sdpa")
-            build_s = time.perf_counter() - t0
-            log(f"[gpu] {name} | {variant}: built in {build_s:.1f} s")
-            try:
-                over = capture.measure(model, attention=attention, repeats=repeats, warmup=2, clock="wall")
-                tp = throughput(model, samples, attention)
-            finally:
-                del model
-                if tmp is not None:
-                    tmp.cleanup()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-            entry[variant] = {
-                "build_s": round(build_s, 1),
-                "capture_overhead": over,
-                "throughput": tp,
-                "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
-            }
-            log(f"[gpu] {name} | {variant}: overhead ×{over['ratio']:.3f} (plain {median(over['baseline_wall_s']) * 1e3:.1f} ms, "
-                f"workbench {median(over['candidate_wall_s']) * 1e3:.1f} ms); "
-                f"{tp['plain_samples_per_s']:.2f} vs {tp['workbench_samples_per_s']:.2f} samples/s")
-            results["models"][name] = entry
-            results["duration_s"] = round(time.perf_counter() - t_all, 1)
-            if out is not None:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+                torch.cuda.empty_cache()
+        results["models"][name] = {
+            "build_s": round(build_s, 1),
+            "capture_overhead": over,
+            "sweep": sweep,
+            "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
+        }
+        results["duration_s"] = round(time.perf_counter() - t_all, 1)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=1, default=str) + "\n")
     log("\n" + table(results))
     return results
 
@@ -162,22 +255,24 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"{results['device']} {results['dtype']} ({results['machine'].get('gpu') or results['machine']['cpu']}), "
              f"{results.get('duration_s', 0):.0f} s",
              "",
-             "| model | variant | tokens | plain fwd | workbench run | overhead (wall) | plain samples/s | workbench samples/s | peak GPU GB |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, entry in results["models"].items():
-        for variant, r in entry.items():
-            o, t = r["capture_overhead"], r["throughput"]
-            lines.append(f"| {name} | {variant} | {o['n_tokens']} | {median(o['baseline_wall_s']) * 1e3:.1f} ms | "
-                         f"{median(o['candidate_wall_s']) * 1e3:.1f} ms | {o['ratio']:.3f} | {t['plain_samples_per_s']:.2f} | "
-                         f"{t['workbench_samples_per_s']:.2f} | {r['peak_gpu_mem_gb'] if r['peak_gpu_mem_gb'] is not None else '—'} |")
+             "| model | tokens | plain fwd | workbench run | overhead (wall) | sweep samples/s: plain batch 8 | "
+             "workbench batch 1 | workbench batch 8 | batch 8 / plain | peak GPU GB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results["models"].items():
+        o, t = r["capture_overhead"], r["sweep"]
+        lines.append(f"| {name} | {o['n_tokens']} | {median(o['baseline_wall_s']) * 1e3:.1f} ms | "
+                     f"{median(o['candidate_wall_s']) * 1e3:.1f} ms | {o['ratio']:.3f} | "
+                     f"{t['plain_batch8_samples_per_s']:.2f} | {t['workbench_batch1_samples_per_s']:.2f} | "
+                     f"{t['workbench_batch8_samples_per_s']:.2f} | {t['ratio_batch8']:.2f}x time | "
+                     f"{r['peak_gpu_mem_gb'] if r['peak_gpu_mem_gb'] is not None else '—'} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="run the same code on the tiny models on the CPU")
-    parser.add_argument("--repeats", type=int, default=None, help="timed pairs per variant (default 10; dry run 3)")
-    parser.add_argument("--samples", type=int, default=None, help="samples for samples/s (default 16; dry run 4)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed pairs of the overhead measure (default 10; dry run 3)")
+    parser.add_argument("--samples", type=int, default=None, help="samples for samples/s (default 8; dry run 2)")
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default results/gpu.json, dry run gpu-dry-run.json)")
     args = parser.parse_args(argv)
     dry = args.cpu_dry_run
@@ -193,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     out = args.out or RESULTS / ("gpu-dry-run.json" if dry else "gpu.json")
-    run(dry, args.repeats or (3 if dry else 10), args.samples or (4 if dry else 16), out)
+    run(dry, args.repeats or (3 if dry else 10), args.samples or (2 if dry else 8), out)
     return 0
 
 

@@ -121,3 +121,32 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
     for alpha in (0.5, 2.0):
         np.testing.assert_allclose(results[f"a={alpha}"].tokens["hidden"][vision, 0], alpha * base, rtol=1e-6, atol=1e-6)
     assert not np.allclose(results["blank"].tokens["hidden"][vision, 0], base)
+
+
+def test_a_batched_forward_is_one_commit_and_a_rerun_resumes_it(tmp_path):
+    """One forward's results are committed together (all or none): the sweep's 4 rows of each
+    sample are one snapshot, the none-image run another; a rerun stores nothing twice."""
+    from workbench.store import store_history
+
+    store = tmp_path / "s.zarr"
+    text = f"""\
+name: one-commit
+models: [tiny-qwen3vl]
+data: {{source: builtin, n: 2}}
+conditions:
+  alpha: {{sweep: {{a: [1.0, 0.5, 2.0]}}, interventions: [{{kind: scale, site: projector, positions: vision, factor: $a}}]}}
+  blank: {{image: blank}}
+  none: {{image: none}}
+capture: [{{site: layer, layers: [0]}}]
+backend: {{batch_size: 8}}
+store: {{path: {store}}}
+"""
+    run(text)
+    messages = [h["message"] for h in store_history(store)]
+    results = [m for m in messages if " | " in m]
+    assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {sample}" for sample in
+                                     ("builtin/counting/000", "builtin/color/001")
+                                     for names in ("a=1.0 + a=0.5 + a=2.0 + blank", "none")), messages
+    summary = run_spec(parse_spec(text), progress=False, log=lambda _: None)
+    assert summary.written == 0 and summary.skipped == 10
+    assert len(workbench.open_store(store, model="tiny-qwen3vl").run) == 10

@@ -90,3 +90,21 @@ def test_remote_section_is_guarded():
 
     ok, reason = remote_bench.available()
     assert isinstance(ok, bool) and (ok or reason)
+
+
+def test_gpu_benchmark_cpu_dry_run(tmp_path):
+    """benchmarks/gpu.py's own code on the tiny models, CPU fp32: every arm runs and the table
+    and JSON have their numbers (the GPU run itself needs a GPU machine)."""
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu.json"
+    lines: list[str] = []
+    results = gpu.run(True, repeats=1, samples=1, out=out, log=lines.append, workdir=tmp_path)
+    assert json.loads(out.read_text())["models"].keys() == {"tiny-smolvlm", "tiny-qwen3vl"}
+    for entry in results["models"].values():
+        sweep = entry["sweep"]
+        assert sweep["conditions_per_sample"] == 8
+        for arm in ("plain_batch8", "workbench_batch1", "workbench_batch8"):
+            assert _number(sweep[f"{arm}_samples_per_s"]) and sweep[f"{arm}_samples_per_s"] > 0
+        assert _number(entry["capture_overhead"]["ratio"])
+    assert "| tiny-qwen3vl |" in lines[-1] and "workbench batch 8" in lines[-1]

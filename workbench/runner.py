@@ -337,20 +337,28 @@ class _Run:
             else:
                 results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar,
                                           self.log, self.spec.backend.batch_size)
-            for condition, result in results:
-                inputs = inputs_by_image[condition.image]
-                variables = sample_variables(inputs, result, plan.capture.coords(),
-                                             text_labels(model.tokenizer, inputs, sample, result))
-                problems = nonfinite_report(variables)
-                variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
-                for line in problems:
-                    self.summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
-                    _LOG.warning(f"non-finite capture: {self.summary.nonfinite[-1]}")
-                attrs = {**condition.store_attrs(), "identity": condition_identity(self.spec, plan, condition)}
+            for group in results:  # one forward's results: one store commit
+                stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
+                          for condition, result in group]
                 with signals_deferred():
                     _signal_drill(self.submitted)
-                    writer.put(model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id])
-                    self.submitted += 1
+                    writer.put_group(stored)
+                    self.submitted += len(stored)
+
+    def _variables(self, model: Any, plan: ModelPlan, sample: Any, inputs_by_image: LazyInputs, condition: Any,
+                   result: Any) -> tuple:
+        """One result as the writer takes it: (model, condition, sample, variables, attrs, input hash)."""
+        model_id = plan.info.model_id
+        inputs = inputs_by_image[condition.image]
+        variables = sample_variables(inputs, result, plan.capture.coords(),
+                                     text_labels(model.tokenizer, inputs, sample, result))
+        problems = nonfinite_report(variables)
+        variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
+        for line in problems:
+            self.summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
+            _LOG.warning(f"non-finite capture: {self.summary.nonfinite[-1]}")
+        attrs = {**condition.store_attrs(), "identity": condition_identity(self.spec, plan, condition)}
+        return model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id]
 
 
 def _log_unbatched(batch_size: int, plans: list[ModelPlan], remote_config: Any, log: Callable[[str], None]) -> None:
@@ -454,9 +462,9 @@ def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any
 
 def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
                     remote: Any, bar: Any, log: Callable[[str], None], batch_size: int = 1) -> Any:
-    """(condition, result) of one sample's conditions: locally one forward (of up to `batch_size`
-    conditions) at a time, each handed to the writer before the next runs; remotely all in one
-    job, then written one by one."""
+    """One sample's results as groups of (condition, result), a group per store commit: locally
+    one forward (of up to `batch_size` conditions) at a time, each group handed to the writer
+    before the next runs; remotely all in one job, then written one by one."""
     sample_id = inputs_by_image.sample.id
     if remote is None:
         from .backends.local import batches, run_batch
@@ -465,7 +473,7 @@ def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[An
         for group in batches(inputs_by_image, conditions, batch_size):
             names = group[0].name if len(group) == 1 else f"{len(group)} conditions"
             bar.set_description(f"{plan.info.model_id} | {sample_id} | {names}")
-            yield from zip(group, run_batch(model, inputs_by_image, group, plan, on_trace=fault_point))
+            yield list(zip(group, run_batch(model, inputs_by_image, group, plan, on_trace=fault_point)))
         return
     from .backends.remote import run_sample
 
@@ -473,4 +481,4 @@ def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[An
     results = run_sample(model, inputs_by_image, conditions, plan, remote, log=log,
                          what=f"{plan.info.model_id} | {sample_id}")
     for condition in conditions:
-        yield condition, results[condition.name]
+        yield [(condition, results[condition.name])]

@@ -405,12 +405,12 @@ class StoreWriter:
             self._root = zarr.open_group(store, mode="a", zarr_format=3)
         return self._root
 
-    def _commit(self, message: str, result: bool = True) -> str:
-        """Commit what is staged; `result`: it is a result of this run (counted in `commits`)."""
+    def _commit(self, message: str, results: int = 1) -> str:
+        """Commit what is staged, holding `results` results of this run (counted in `commits`)."""
         with self._io("committing"):
             snapshot = self._session.commit(message)
         self._session = self._root = None
-        self.commits += int(result)
+        self.commits += results
         fault_point("store.commit")
         return snapshot
 
@@ -477,30 +477,45 @@ class StoreWriter:
 
         `variables` must include the token labels position/modality/token_id (dims ("token",)).
         Returns the snapshot id."""
-        problem = reserved_name_problem(condition)
-        if problem:
-            raise StoreError(f"condition name {problem}")
-        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {model_id} | {condition} | {sample_id}"), \
-                self._discard_on_error():
+        return self.write_samples([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+
+    def write_samples(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]]) -> str:
+        """Append several results, each (model_id, condition, sample_id, variables,
+        condition_attrs, input_hash) as `write_sample` takes them and each to another (model,
+        condition), and commit them together as ONE snapshot: a batched forward's results cost
+        one commit, and are stored all or none. Returns the snapshot id."""
+        if len({(m, c) for m, c, *_ in results}) != len(results):
+            raise StoreError("one commit takes at most one result per (model, condition)")
+        for _, condition, *_ in results:
+            problem = reserved_name_problem(condition)
+            if problem:
+                raise StoreError(f"condition name {problem}")
+        names = " + ".join(c for _, c, *_ in results)
+        what = f"{results[0][0]} | {names} | {results[0][2]}"
+        staged = []
+        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {what}"), self._discard_on_error():
             root = self._stage()
-            group = self._condition_group(root, model_id, condition, condition_attrs or {})
-            state = self._state(model_id, condition, group)
-            if sample_id in state.samples:
-                raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
-            n_tokens = _token_count(variables)
-            rows = dict(variables)
-            rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
-            rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
-            rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
-            rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
-            shapes = _check_layout(group.path, rows, state)
-            # every array's create/resize/write in one batch: one trip through zarr's event loop
-            zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
+            for model_id, condition, sample_id, variables, condition_attrs, input_hash in results:
+                group = self._condition_group(root, model_id, condition, condition_attrs or {})
+                state = self._state(model_id, condition, group)
+                if sample_id in state.samples:
+                    raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
+                n_tokens = _token_count(variables)
+                rows = dict(variables)
+                rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
+                rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
+                rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
+                rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
+                shapes = _check_layout(group.path, rows, state)
+                # every array's create/resize/write in one batch: one trip through zarr's event loop
+                zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
+                staged.append((state, sample_id, n_tokens, shapes, rows))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
-            snapshot = self._commit(f"{model_id} | {condition} | {sample_id}")
+            snapshot = self._commit(what, len(results))
         self._pending_provenance = None
-        state.commit(sample_id, n_tokens, shapes, rows)
+        for state, sample_id, n_tokens, shapes, rows in staged:
+            state.commit(sample_id, n_tokens, shapes, rows)
         return snapshot
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
@@ -626,7 +641,7 @@ class StoreWriter:
             for key, condition in conditions:
                 del staged[f"{key}/{condition}"]
                 self._states.pop((key, condition), None)
-            self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions), result=False)
+            self._commit("drop damaged: " + ", ".join(f"{k}/{c}" for k, c in conditions), results=0)
         return [f"{k}/{c}: damaged chunks; dropped, re-captured by this run" for k, c in conditions]
 
 

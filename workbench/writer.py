@@ -3,7 +3,8 @@ runs, so compression and commits overlap compute.
 
 Memory stays bounded: the captures waiting in the queue are capped in bytes (`max_bytes`), and
 `put` blocks while a new result would exceed the cap (one result is always admitted, however
-large). Results are committed in the order they were put, each as one store commit, so a crash
+large). Results are committed in the order they were put, each `put_group` (one batched
+forward's results) as one store commit, so a crash
 or kill loses no committed result and leaves nothing torn: what was queued but not committed is
 simply captured again by the next run. `close()` (also on Ctrl-C, through the context manager)
 writes what is queued before returning; an error in the thread is raised in the caller at the
@@ -44,14 +45,18 @@ class BackgroundWriter:
     # -- the caller's side ---------------------------------------------------------------------
     def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
             condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
-        size = captured_bytes(variables)
+        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+
+    def put_group(self, results: list[tuple]) -> None:
+        """Queue results to be committed together (`StoreWriter.write_samples`)."""
+        size = sum(captured_bytes(r[3]) for r in results)
         with self._room:
             while self.queued_bytes and self.queued_bytes + size > self.max_bytes and self._error is None:
                 self._room.wait()
             self._raise_error()
             self.queued_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
-        self._queue.put((size, (model_id, condition, sample_id, variables, condition_attrs), input_hash))
+        self._queue.put((size, results))
 
     def close(self) -> None:
         """Write everything queued, stop the thread, raise its error if it had one."""
@@ -82,11 +87,12 @@ class BackgroundWriter:
             item = self._queue.get()
             if item is _STOP:
                 return
-            size, args, input_hash = item
+            size, results = item
             try:
                 if self._error is None:
-                    self.store.write_sample(*args, input_hash=input_hash)
-                    self.on_written(*args[:3])
+                    self.store.write_samples(results)
+                    for result in results:
+                        self.on_written(*result[:3])
             except BaseException as err:  # reported to the caller; later items are dropped
                 self._error = err
             finally:
@@ -110,8 +116,12 @@ class SyncWriter:
 
     def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
             condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
-        self.store.write_sample(model_id, condition, sample_id, variables, condition_attrs, input_hash=input_hash)
-        self.on_written(model_id, condition, sample_id)
+        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+
+    def put_group(self, results: list[tuple]) -> None:
+        self.store.write_samples(results)
+        for result in results:
+            self.on_written(*result[:3])
 
     def __enter__(self) -> SyncWriter:
         return self
