@@ -268,11 +268,49 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CHECK_SPEC = """\
+name: gpu-check
+models: [{model}]
+data: {{source: builtin, n: 2}}
+conditions:
+  alpha: {{sweep: {{a: [0.1, 1.0, 3.0]}}, interventions: [{{kind: scale, site: projector, positions: vision, factor: $a}}]}}
+  blank: {{image: blank}}
+  none: {{image: none}}
+capture: [{{site: layer}}, {{site: attention}}, {{site: keys}}, {{site: values}}, {{site: logits}}]
+generate: {{max_new_tokens: 3}}
+backend: {{device: {device}, dtype: {dtype}, batch_size: {batch}{extra}}}
+store: {{path: {store}}}
+"""
+
+
+def checks(device: str, workdir: Path | None = None) -> dict[str, Any]:
+    """On the GPU, the tiny families' runs in float32 and bfloat16: batch 4 against batch 1, and
+    `device_map: auto` against a plain load, as `batched_differences` of the two stores."""
+    from workbench.runner import run_spec
+    from workbench.spec import parse_spec
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-checks-", dir=workdir) as tmp:
+        for model in ("tiny-smolvlm", "tiny-qwen3vl"):
+            for dtype in ("float32", "bfloat16"):
+                stores = {}
+                for arm, batch, extra in (("batch1", 1, ""), ("batch4", 4, ""), ("device_map", 1, ", device_map: auto")):
+                    stores[arm] = Path(tmp) / f"{model}-{dtype}-{arm}.zarr"
+                    text = CHECK_SPEC.format(model=model, device=device, dtype=dtype, batch=batch, extra=extra,
+                                             store=stores[arm])
+                    run_spec(parse_spec(text), progress=False, log=lambda _: None)
+                out[f"{model} {dtype} batch4 vs batch1"] = batched_differences(stores["batch1"], stores["batch4"], model)
+                out[f"{model} {dtype} device_map vs plain"] = batched_differences(stores["batch1"], stores["device_map"], model)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="run the same code on the tiny models on the CPU")
     parser.add_argument("--repeats", type=int, default=None, help="timed pairs of the overhead measure (default 10; dry run 3)")
     parser.add_argument("--samples", type=int, default=None, help="samples for samples/s (default 8; dry run 2)")
+    parser.add_argument("--checks-only", action="store_true",
+                        help="only the correctness checks (batched vs unbatched, device_map) on the tiny models")
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default results/gpu.json, dry run gpu-dry-run.json)")
     args = parser.parse_args(argv)
     dry = args.cpu_dry_run
@@ -288,6 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     out = args.out or RESULTS / ("gpu-dry-run.json" if dry else "gpu.json")
+    if args.checks_only:
+        found = checks("cpu" if dry else "cuda")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(found, indent=1) + "\n")
+        for name, variables in found.items():
+            worst = max((v.get("max_rel_to_max", 0.0) for v in variables.values()), default=0.0)
+            unequal = [k for k, v in variables.items() if v.get("equal") is False]
+            print(f"{name}: max relative difference {worst:.2e}; integer variables differing: {unequal or 'none'}")
+        return 0
     run(dry, args.repeats or (3 if dry else 10), args.samples or (2 if dry else 8), out)
     return 0
 

@@ -327,8 +327,9 @@ class _Run:
                 self.bar.set_description(f"loading {model_id}")
                 # attention probabilities are computed from q and k (capture.attention_probabilities),
                 # under the implementation NDIF also runs: no eager switch, locally or remotely
-                model = self.remote_models.get(model_id) or _load_model(plan, self.device, self.dtype, "sdpa",
-                                                                         self.remote_config, self.log)
+                model = self.remote_models.get(model_id) or _load_model(
+                    plan, self.device, self.dtype, "sdpa", self.remote_config, self.log,
+                    getattr(self.spec.backend, "device_map", None))
                 self.store.ensure_model(model_id, model.describe())
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]
@@ -450,11 +451,12 @@ class LazyInputs(dict):
         return self[image_mode]
 
 
-def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None]) -> Any:
+def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None],
+                device_map: str | None = None) -> Any:
     if remote is None:
         from .models.model import WorkbenchModel
 
-        return WorkbenchModel(plan.info, device=device, dtype=dtype, attn=attn)
+        return WorkbenchModel(plan.info, device=device, dtype=dtype, attn=attn, device_map=device_map)
     from .backends.remote import load_remote_model
 
     return load_remote_model(plan.info, remote, attn=attn, log=log)

@@ -695,6 +695,9 @@ class BackendSpec(_Model):
     # conditions of one sample with the same token sequence (an alpha sweep, real vs blank image)
     # run as the rows of one forward, at most this many; kv_swap conditions run alone
     batch_size: PositiveInt = 1
+    # a model larger than one GPU: spread over every visible device by accelerate (captures are
+    # gathered to the host as always)
+    device_map: Annotated[Literal["auto", "balanced", "sequential"], _one_of(("auto", "balanced", "sequential"))] | None = None
 
 
 @dataclass(frozen=True)

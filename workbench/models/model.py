@@ -218,18 +218,27 @@ class InputEncoder:
 class WorkbenchModel:
     """A loaded model: `lm` is the nnsight wrapper, `hf` the transformers module inside it."""
 
-    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa"):
+    def __init__(self, info: ModelInfo, device: str = "auto", dtype: str = "auto", attn: str = "sdpa",
+                 device_map: str | None = None):
         """attn: the attention implementation ("sdpa" by default; attention captures compute their
-        probabilities from q and k under any, see `capture.attention_probabilities`)."""
+        probabilities from q and k under any, see `capture.attention_probabilities`).
+        device_map: "auto" (or "balanced", "sequential") spreads a model too large for one GPU
+        over every device accelerate sees; inputs then go where the input embedding is, and
+        every capture is gathered to the host as always."""
         from nnsight.modeling.transformers import TransformersModel
 
         self.info = info
         self.arch = info.arch
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
+        self.device_map = device_map
         model_class = getattr(transformers, self.arch.model_class)
-        hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn)
-        self.hf = hf.to(self.device).eval()
+        if device_map:
+            hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn, device_map=device_map)
+            self.device = str(hf.get_input_embeddings().weight.device)
+        else:
+            hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn).to(self.device)
+        self.hf = hf.eval()
         self.encoder = InputEncoder(info, self.device, self.dtype)
         self.processor, self.tokenizer = self.encoder.processor, self.encoder.tokenizer
         self.image_token_id = self.encoder.image_token_id
@@ -252,6 +261,8 @@ class WorkbenchModel:
             "revision": getattr(self.hf.config, "_commit_hash", None),
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": self.device,
+            # the devices the weights were spread over
+            **({"device_map": sorted({str(p.device) for p in self.hf.parameters()})} if self.device_map else {}),
         }
 
     # -- inputs (see InputEncoder) -------------------------------------------------------------------
@@ -290,5 +301,6 @@ class WorkbenchModel:
             self.hf.model.rope_deltas = None
 
 
-def load_model(model_id: str, device: str = "auto", dtype: str = "auto", attn: str = "sdpa") -> WorkbenchModel:
-    return WorkbenchModel(model_info(model_id), device=device, dtype=dtype, attn=attn)
+def load_model(model_id: str, device: str = "auto", dtype: str = "auto", attn: str = "sdpa",
+               device_map: str | None = None) -> WorkbenchModel:
+    return WorkbenchModel(model_info(model_id), device=device, dtype=dtype, attn=attn, device_map=device_map)
