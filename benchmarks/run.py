@@ -37,11 +37,11 @@ SIZES = {
     # name: (capture repeats tiny, store (tokens, layers, dim, repeats), analyses (n, repeats),
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
-                 remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3)),
+                 remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
-                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3)),
+                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
-                  remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1)),
+                  remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1),
 }
 
 
@@ -70,6 +70,19 @@ def _section(results: dict[str, Any], name: str, fn: Callable[[], Any], log: Cal
         results[name] = {**previous, "status": "error", "reason": f"{type(err).__name__}: {err}"[:2000],
                          "traceback": traceback.format_exc()[-4000:]}
     log(f"[bench] {name} done in {time.perf_counter() - start:.0f} s")
+
+
+def sweep_section(samples: int, workdir: Path | None) -> dict[str, Any]:
+    """The alpha sweep (8 conditions per sample) on the tiny models: the plain batched loop and
+    the workbench at batch 1 and 8 (`benchmarks.gpu.sweep_throughput`, here on the CPU)."""
+    from workbench.models.model import load_model
+
+    from . import gpu
+
+    out = {}
+    for name in ("tiny-smolvlm", "tiny-qwen3vl"):
+        out[name] = gpu.sweep_throughput(load_model(name, device="cpu", dtype="float32"), samples, workdir)
+    return out
 
 
 def remote_section(samples: int, repeats: int, threads: int) -> dict[str, Any]:
@@ -107,7 +120,7 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
     pin_threads(threads)
     size = SIZES[mode]
     real_size = (mode == "full") if real_size is None else real_size
-    sections = sections or ("capture", "store", "merge", "analyses", "memory", "remote")
+    sections = sections or ("capture", "store", "merge", "sweep", "analyses", "memory", "remote")
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -142,6 +155,9 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
             save()
     if "merge" in sections:
         _section(sec, "merge", lambda: merge_bench.measure(**size["merge"], workdir=workdir), log)
+        save()
+    if "sweep" in sections:
+        _section(sec, "sweep", lambda: sweep_section(size["sweep"], workdir), log)
         save()
     if "analyses" in sections:
         n, repeats = size["analyses"]
@@ -269,6 +285,18 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"np.save {st['raw_mb_per_s']:.0f} MB/s", f"write_sample {st['zarr_mb_per_s']:.0f} MB/s",
                             st["throughput_ratio"], st["throughput_ratio_wall"], st["noise"],
                             f"≥ {TARGETS['store']:.2f}", st["throughput_ratio"] >= TARGETS["store"], _store_note(st)))
+    for name, sw in (sec.get("sweep") or {}).items():
+        if name == "status":
+            out.append(_error_row("7", "alpha sweep samples/s", "", sec["sweep"]))
+            break
+        if not isinstance(sw, dict):
+            continue
+        out.append(_row("7", "alpha sweep: workbench batch 8 vs batch 1, samples/s", f"{name}, 8 conditions/sample",
+                        f"batch 1 {sw['workbench_batch1_samples_per_s']:.2f}/s",
+                        f"batch 8 {sw['workbench_batch8_samples_per_s']:.2f}/s (plain batched loop "
+                        f"{sw['plain_batch8_samples_per_s']:.1f}/s)",
+                        round(1 / sw["batching_speedup"], 4), None, None, "— (informational)", None,
+                        "time per sample, batch 8 / batch 1 (wall)"))
     mg = sec.get("merge")
     if mg is not None:
         if mg.get("status") == "error":
@@ -392,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-size", dest="real_size", action="store_true", default=None,
                         help="also the real-size random-weight models (default unless --quick)")
     parser.add_argument("--no-real-size", dest="real_size", action="store_false")
-    parser.add_argument("--sections", default="capture,store,merge,analyses,memory,remote",
-                        help="comma-separated subset of capture,store,merge,analyses,memory,remote")
+    parser.add_argument("--sections", default="capture,store,merge,sweep,analyses,memory,remote",
+                        help="comma-separated subset of capture,store,merge,sweep,analyses,memory,remote")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="results JSON")
     parser.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")

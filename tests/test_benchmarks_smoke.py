@@ -27,7 +27,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# Benchmarks\n\nhand-written text\n\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n\ntail\n")
     out = tmp_path / "latest.json"
-    bench.run("smoke", real_size=False, sections=("capture", "store", "merge", "analyses", "memory"), out=out,
+    bench.run("smoke", real_size=False, sections=("capture", "store", "merge", "sweep", "analyses", "memory"), out=out,
               readme=readme, log=lambda _: None, workdir=tmp_path)
 
     data = json.loads(out.read_text())
@@ -37,7 +37,9 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert {"cpu", "cores", "ram_gb", "versions"} <= set(m) and {"torch", "nnsight"} <= set(m["versions"])
 
     sec = data["sections"]
-    assert set(sec) == {"capture_tiny", "store", "merge", "analyses_tiny", "memory_tiny"}
+    assert set(sec) == {"capture_tiny", "store", "merge", "sweep", "analyses_tiny", "memory_tiny"}
+    for name in ("tiny-smolvlm", "tiny-qwen3vl"):
+        assert _number(sec["sweep"][name]["batching_speedup"]) and sec["sweep"][name]["samples"] == 1
     mg = sec["merge"]
     assert mg["shards"] == 2 and mg["results"] == 4 and _number(mg["ratio"]) and mg["merge_cpu_s"] > 0
     for name, section in sec.items():
@@ -62,7 +64,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert list(mem["runs"]) == ["1"] and mem["runs"]["1"]["peak_rss_mb"] > 0 and _number(mem["growth"])
 
     rows = data["rows"]
-    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6"}
+    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6", "7"}
     for r in rows:
         assert {"measurement", "scale", "baseline", "workbench", "ratio", "target", "met"} <= set(r)
 
