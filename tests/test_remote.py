@@ -244,6 +244,17 @@ def test_remote_store_is_identical_to_local(server, tmp_path, local_store, name)
     assert '"kind": "remote"' in attrs["provenance"]
 
 
+def test_batched_remote_jobs_equal_batched_local_runs(server, tmp_path):
+    """backend.batch_size travels in the plan: the server runs the same batched forwards (inside
+    NDIF's sandbox) as a local run, so the stores are identical."""
+    name = "tiny-qwen3vl"
+    batched = "\nbackend: {batch_size: 4}\n"
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    run(full_spec(name, local, 1) + batched, remote=False)
+    run(full_spec(name, remote, 1) + batched, remote=config(server))
+    xr.testing.assert_identical(load(local, name), load(remote, name))
+
+
 def test_nnsight_local_simulation_runs_every_intervention_kind(tmp_path, local_store):
     """remote="local": nnsight's own serialize -> deserialize (user modules hidden) path."""
     name = "tiny-qwen3vl"
@@ -321,7 +332,7 @@ SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py"
                        "plan.py", "records.py")
 # function-level relative imports cannot travel: none is allowed in server-side code
 KNOWN_LOCAL_IMPORTS: set[tuple[str, str]] = set()
-KNOWN_DECORATED = {("backends/local.py", "run_condition")}
+KNOWN_DECORATED: set[tuple[str, str]] = set()
 HARMLESS_DECORATORS = {"property", "staticmethod", "classmethod", "dataclass"}
 
 

@@ -49,8 +49,10 @@ class ConditionPlan(Record):
 
 
 class ModelPlan(Record):
-    # info (workbench.models.ModelInfo), conditions [ConditionPlan], capture (CapturePlan)
-    _fields = ("info", "conditions", "capture")
+    # info (workbench.models.ModelInfo), conditions [ConditionPlan], capture (CapturePlan),
+    # batch_size (`backend.batch_size`: conditions per forward, locally and on NDIF alike)
+    _fields = ("info", "conditions", "capture", "batch_size")
+    _defaults = {"batch_size": 1}
     _factories = {"capture": CapturePlan}
     _mutable = True
 
@@ -185,7 +187,8 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
         conditions.append(ConditionPlan(instance.name, dict(instance.sweep), instance.image, items, kv_swap))
     if check.problems:
         raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in dict.fromkeys(check.problems)], spec.source)
-    return ModelPlan(info=info, conditions=conditions, capture=capture)
+    return ModelPlan(info=info, conditions=conditions, capture=capture,
+                     batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
 
 
 def explicit_positions(spec: Any) -> bool:

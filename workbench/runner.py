@@ -248,7 +248,7 @@ def run_spec(
     if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
         samples = samples[shard[0]::shard[1]]
     preflight_positions(spec, plans, samples)
-    _log_unbatched(getattr(backend, "batch_size", 1), plans, remote_config, log)
+    _log_unbatched(getattr(backend, "batch_size", 1), plans, log)
     remote_models: dict[str, Any] = {}
     if remote_config is not None:
         from .backends.remote import prepare_remote
@@ -337,7 +337,7 @@ class _Run:
                 results, self.first = self.first[1], None  # run before the store existed (see run_spec)
             else:
                 results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar,
-                                          self.log, self.spec.backend.batch_size)
+                                          self.log)
             for group in results:  # one forward's results: one store commit
                 stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
                           for condition, result in group]
@@ -362,12 +362,9 @@ class _Run:
         return model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id]
 
 
-def _log_unbatched(batch_size: int, plans: list[ModelPlan], remote_config: Any, log: Callable[[str], None]) -> None:
+def _log_unbatched(batch_size: int, plans: list[ModelPlan], log: Callable[[str], None]) -> None:
     """Say which runs `backend.batch_size` does not batch, and why."""
     if batch_size <= 1:
-        return
-    if remote_config is not None:
-        log("note: backend.batch_size applies to local runs; a remote job runs its sample's conditions one by one")
         return
     swaps = sorted({c.name for plan in plans for c in plan.conditions if c.kv_swap is not None})
     if swaps:
@@ -463,16 +460,17 @@ def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any
 
 
 def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
-                    remote: Any, bar: Any, log: Callable[[str], None], batch_size: int = 1) -> Any:
+                    remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
     """One sample's results as groups of (condition, result), a group per store commit: locally
-    one forward (of up to `batch_size` conditions) at a time, each group handed to the writer
-    before the next runs; remotely all in one job, then written one by one."""
+    one forward (of up to `plan.batch_size` conditions) at a time, each group handed to the
+    writer before the next runs; remotely all in one job (batched the same way there), then
+    written one by one."""
     sample_id = inputs_by_image.sample.id
     if remote is None:
         from .backends.local import batches, run_batch
         from .store import fault_point
 
-        for group in batches(inputs_by_image, conditions, batch_size):
+        for group in batches(inputs_by_image, conditions, plan.batch_size):
             names = group[0].name if len(group) == 1 else f"{len(group)} conditions"
             bar.set_description(f"{plan.info.model_id} | {sample_id} | {names}")
             yield list(zip(group, run_batch(model, inputs_by_image, group, plan, on_trace=fault_point)))

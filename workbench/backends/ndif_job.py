@@ -24,7 +24,7 @@ import torch
 from ..models.model import WorkbenchModel
 # undecorated (inspect.getsource follows __wrapped__: a torch.inference_mode() wrapper would be
 # rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
-from .local import run_condition
+from .local import run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
 
 
 class ServerModel:
@@ -63,13 +63,11 @@ def on_device(inputs: Any, device: Any, dtype: Any) -> Any:
 
 def server_run(model: Any, inputs_by_image: dict, names: list, plan: Any) -> dict:
     """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
-    local backend's `run_condition`; returns {condition: {"tokens": {...}, "run": {...}}} of
-    CPU float32 (int64 for token ids) tensors."""
+    local backend's `run_conditions` (batched by `plan.batch_size`, as locally); returns
+    {condition: {"tokens": {...}, "run": {...}}} of CPU float32 (int64 for token ids) tensors."""
     inputs = {mode: on_device(x, model.device, model.dtype) for mode, x in inputs_by_image.items()}
-    results = {}
     with torch.inference_mode():
-        for name in names:
-            results[name] = run_condition(model, inputs, plan.condition(name), plan)
+        results = run_conditions(model, inputs, [plan.condition(name) for name in names], plan, plan.batch_size)
     return {
         name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
                "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}

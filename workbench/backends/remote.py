@@ -7,8 +7,8 @@ What runs where:
   Python and nnsight versions against the server's `/env`, the served deployment matched by
   repo id and revision in `/status`), retries, and the store;
 - there (the server): ONE job per sample, an nnsight session whose body calls
-  `ndif_job.server_run`: for each of the sample's conditions not yet stored, the local
-  backend's `run_condition` as is (source conditions for `patch` / `add direction_from`, greedy
+  `ndif_job.server_run`: the sample's conditions not yet stored, through the local backend's
+  `run_conditions` as is (batched by `backend.batch_size` as locally; source conditions for `patch` / `add direction_from`, greedy
   decode steps, `kv_swap`, whose KV caches never leave the server), against the server's model.
   Captures are moved to CPU and cast to float32 inside the traces (as locally); only they come
   back, per condition.
