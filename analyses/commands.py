@@ -12,7 +12,8 @@ import difflib
 import sys
 
 # default condition names; an explicit --reference/--blank/... must name a condition of the store
-CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid"}
+CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid",
+                      "self_swap": "self_swap"}
 
 TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
 ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
@@ -35,6 +36,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blank", help="blank-image condition (default: blank)")
     parser.add_argument("--text-only", help="no-image condition (default: none)")
     parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")
+    parser.add_argument("--self-swap", help="KV-substitution control, the sample as its own donor (default: self_swap)")
     parser.add_argument("--sweep", help="swept variable of the α tables (default: alpha)")
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
@@ -99,7 +101,7 @@ def _options(args: argparse.Namespace):
     from .tables import Options
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
-                   sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed, force=args.force)
+                   self_swap=args.self_swap, sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed, force=args.force)
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -119,6 +119,8 @@ def _layout(ds: xr.Dataset, dim: str) -> Layout:
     rows = {c: np.flatnonzero(condition == c) for c in conditions}
     sweep: dict[str, dict[str, float]] = {}
     for name in sweep_names:
+        if ds[name].dtype.kind in "UO":  # a sweep of words (kv_swap parts): a label, not a number
+            continue
         values = np.asarray(ds[name].values, dtype=float)
         sweep[name[len(prefix):]] = {c: float(values[r[0]]) for c, r in rows.items() if len(r)}
     return Layout(dim, conditions, samples, rows, sample_code, modality_code, position, token_id, sweep)

@@ -11,7 +11,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `correlation`     | model                | per compared condition: norm and cosine text-curve r (`correlation.text_curve_correlation`) |
 | `alpha`           | model × α            | norm ratio, attention KL (`attention.vision_attention_kl`), logit KL (`logits.logit_kl`), median rank (`logits.median_rank`) |
 | `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
-| `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid) (`kv.kv_substitution`)           |
+| `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
@@ -49,6 +49,7 @@ class Options:
     blank: str = "blank"            # blank image of the same size
     text_only: str = "none"         # image removed
     hybrid: str = "hybrid"          # real image, decoding from the blank image's visual KV cache
+    self_swap: str = "self_swap"    # control: the real image decoding from its own KV cache
     sweep: str = "alpha"            # the swept variable of the α tables
     step: int = 0                   # decode step of the KLs and ranks
     n_resamples: int = N_RESAMPLES
@@ -378,18 +379,26 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:
-    real, blank, hybrid = options.reference, options.blank, options.hybrid
+    real, blank, hybrid, own = options.reference, options.blank, options.hybrid, options.self_swap
     b = _Builder("kv-substitution", f"KV-cache substitution ({hybrid}: {real} image decoding from the {blank} "
                  f"image's visual KV cache; step {options.step})",
-                 ["model", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)"], options)
+                 ["model", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)", "D_KL(z_real ‖ z_blank)",
+                  "D_KL(z_real ‖ z_self)"], options)
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        data = kv.kv_substitution(ds, real, blank, hybrid, options.step, **options.boot())
-        b.table.rows.append([model, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3)])
+        data = kv.kv_substitution(ds, real, blank, hybrid, options.step, self_swap=own, **options.boot())
+        control = estimate(data["kl_real_self"], 3) if "kl_real_self" in data else "n/a"
+        b.table.rows.append([model, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3),
+                             estimate(data["kl_real_blank"], 3), control])
         b.count(model, data["kl_real_hybrid"])
         return data
 
-    return b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+    table = b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+    if not table.skipped:
+        table.notes.insert(0, f"D_KL(z_real ‖ z_blank) is the scale the two hybrid KLs read against (the whole "
+                              f"image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the sample as its "
+                              "own donor), which must be 0 up to float round-off (n/a: no such condition stored).")
+    return table
 
 
 def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:

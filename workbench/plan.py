@@ -23,10 +23,12 @@ class PlanError(SpecError):
 
 
 class KVSwapPlan(Record):
-    """Decode-time KV substitution: the donor's K/V at `positions` of `layers` replace this
-    condition's before the last prompt token runs (see `workbench.backends.local`)."""
+    """Decode-time KV substitution: the donor's `parts` ("keys", "values" or both) at `positions`
+    of `layers` replace this condition's before the last prompt token runs (see
+    `workbench.backends.local`). Its repr, stored in the condition's attrs, says what was swapped."""
 
-    _fields = ("donor", "positions", "layers")
+    _fields = ("donor", "positions", "layers", "parts")
+    _defaults = {"parts": ("keys", "values")}
 
 
 class ConditionPlan(Record):
@@ -174,7 +176,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                           "another model; expected no kv_swap for this model")
             layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
             positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
-            kv_swap = KVSwapPlan(swap.donor, positions, layers)
+            kv_swap = KVSwapPlan(swap.donor, positions, layers, tuple(swap.parts))
             if not capture.decoding:
                 check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
                           "capture of logits or attention to see it")

@@ -99,6 +99,10 @@ INTERVENTION_KINDS = ("scale", "zero", "add", "patch", "normalize")
 CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
 NORMALIZE_TARGETS = ("text_embedding_mean",)
+# What a kv_swap copies from the donor's cache; a string sweep value names a set of them joined
+# by '+' ("keys+values"), so `parts: $p` with `sweep: {p: [keys, values]}` sweeps them.
+KV_PARTS = ("keys", "values")
+KV_PART_SETS = ("keys", "values", "keys+values")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -476,6 +480,36 @@ def _layers(value: Any) -> str | list[int]:
     _fail(f"{_got(value)}; expected 'all' or a list of layer indices (integers >= 0)")
 
 
+def _swap_layers(value: Any) -> str | list[int | str]:
+    """kv_swap layers: like `layers`, and any item may be a '$variable' (one layer per value)."""
+    if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
+        return _layers(value)
+    problems = [((i,), f"{_got(v)}; expected a layer index (an integer >= 0) or a '$variable'")
+                for i, v in enumerate(value) if isinstance(v, str) and not _VAR_REF_RE.fullmatch(v)]
+    if problems:
+        _fail_many(problems)
+    indices = [v for v in value if not isinstance(v, str)]
+    if indices:
+        _index_list(indices, "layer index")
+    return list(value)
+
+
+def _kv_parts(value: Any) -> list[str] | str:
+    """kv_swap parts: a non-empty list of 'keys'/'values', or a '$variable' sweeping part sets."""
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    expected = f"a list of {_quoted(KV_PARTS)} (e.g. [keys] or [keys, values]) or a '$variable'"
+    if not isinstance(value, list) or not value:
+        _fail(f"{_got(value)}; expected {expected}")
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PARTS)}; expected one of {_quoted(KV_PARTS)}")
+                for i, v in enumerate(value) if v not in KV_PARTS]
+    problems += [((i,), f"duplicate part {v!r}; expected each part once") for i, v in enumerate(value)
+                 if v in KV_PARTS and v in value[:i]]
+    if problems:
+        _fail_many(problems)
+    return [p for p in KV_PARTS if p in value]  # canonical order: keys before values
+
+
 _MODEL_EXPECTED = (
     f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
     "or a local checkpoint directory"
@@ -505,6 +539,29 @@ def _unique_models(models: list[str]) -> list[str]:
     return models
 
 
+def _finite_number(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _sweep_values(value: Any) -> list[float] | list[str]:
+    """A sweep's values: numbers, or names of kv_swap part sets ('keys', 'values', 'keys+values')."""
+    if not isinstance(value, list):
+        _fail(f"{_got(value)}; expected a list of numbers (or of {_quoted(KV_PART_SETS)} for kv_swap parts)")
+    if not value:
+        _fail("got an empty list; expected at least 1 value")
+    words = all(isinstance(v, str) for v in value)
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PART_SETS) if words else ''}; expected a number"
+                 + (f" or one of {_quoted(KV_PART_SETS)}" if words else ""))
+                for i, v in enumerate(value)
+                if (v not in KV_PART_SETS if words else not _finite_number(v))]
+    if problems:
+        _fail_many(problems)
+    return list(value) if words else [float(v) for v in value]
+
+
 def _distinct_values(values: list[float]) -> list[float]:
     problems = [
         ((i,), f"duplicate sweep value {v!r}; expected distinct values")
@@ -526,7 +583,7 @@ ConditionName = Annotated[str, _name_of("condition name")]
 VarName = Annotated[str, PlainValidator(_var_name)]
 PathString = Annotated[str, PlainValidator(_path_string)]
 ModelRef = Annotated[str, PlainValidator(_model_ref)]
-SweepValues = Annotated[list[Number], Field(min_length=1), AfterValidator(_distinct_values)]
+SweepValues = Annotated[list[Union[float, str]], PlainValidator(_sweep_values), AfterValidator(_distinct_values)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -627,7 +684,10 @@ _NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor",), "normalize": ("targ
 class KVSwap(_Model):
     donor: ConditionName
     positions: Positions = "vision"
-    layers: Layers = "all"
+    layers: Annotated[Union[Literal["all"], list[Union[int, str]]], PlainValidator(_swap_layers)] = "all"
+    # which caches are copied from the donor: keys (where the decode step looks), values (what
+    # it reads), or both (the study's Experiment 3)
+    parts: Annotated[Union[list[str], str], PlainValidator(_kv_parts)] = ["keys", "values"]
 
 
 class Condition(_Model):
@@ -643,22 +703,43 @@ class Condition(_Model):
 
     @model_validator(mode="after")
     def _vars_are_swept(self) -> "Condition":
-        problems = [
-            (("interventions", i, name), _undefined_var_message(ref, self.sweep))
-            for i, name, ref in _var_refs(self.interventions)
-            if ref[1:] not in self.sweep
-        ]
+        problems = []
+        for path, ref, wants in _var_refs(self):
+            if ref[1:] not in self.sweep:
+                problems.append((path, _undefined_var_message(ref, self.sweep)))
+            elif not all(_SWEEP_KINDS[wants][0](v) for v in self.sweep[ref[1:]]):
+                problems.append((("sweep", ref[1:]), f"'{ref}' is used as {_SWEEP_KINDS[wants][1]} at "
+                                 f"{_dotted(path)}; expected every value of '{ref[1:]}' to be {_SWEEP_KINDS[wants][1]}"))
         if problems:
             _fail_many(problems)
         return self
 
 
-def _var_refs(interventions: Iterable[Any]) -> Iterable[tuple[int, str, str]]:
-    for i, intervention in enumerate(interventions):
+# What a '$variable' must hold where it is used: (test of one value, what it is called).
+_SWEEP_KINDS = {
+    "number": (_is_number, "a number"),
+    "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
+    "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
+}
+
+
+def _is_var(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("$")
+
+
+def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
+    """(path in the condition, '$variable', what it must hold) of every sweep reference."""
+    for i, intervention in enumerate(condition.interventions):
         for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
-            value = getattr(intervention, name)
-            if isinstance(value, str) and value.startswith("$"):
-                yield i, name, value
+            if _is_var(value := getattr(intervention, name)):
+                yield ("interventions", i, name), value, "number"
+    swap = condition.kv_swap
+    if swap is not None:
+        if _is_var(swap.parts):
+            yield ("kv_swap", "parts"), swap.parts, "parts"
+        for j, layer in enumerate(swap.layers if isinstance(swap.layers, list) else ()):
+            if _is_var(layer):
+                yield ("kv_swap", "layers", j), layer, "layer"
 
 
 def _undefined_var_message(ref: str, sweep: dict[str, Any]) -> str:
@@ -706,7 +787,9 @@ class ConditionInstance:
     kv_swap: KVSwap | None = None
 
 
-def _format_value(value: float) -> str:
+def _format_value(value: float | str) -> str:
+    if isinstance(value, str):
+        return value  # a kv_swap part set: parts=keys
     return repr(float(value))  # shortest round-tripping form: 0.1, 1.0, 3.0, 0.01
 
 
@@ -723,6 +806,19 @@ def _substitute(intervention: Any, assignment: dict[str, float]) -> Any:
     return intervention.model_copy(update=updates) if updates else intervention
 
 
+def _substitute_swap(swap: KVSwap | None, assignment: dict[str, Any]) -> KVSwap | None:
+    """The kv_swap with its '$variable's replaced: a layer per value, a part set split at '+'."""
+    if swap is None or not assignment:
+        return swap
+    updates: dict[str, Any] = {}
+    if _is_var(swap.parts):
+        updates["parts"] = assignment[swap.parts[1:]].split("+")
+    if isinstance(swap.layers, list) and any(_is_var(l) for l in swap.layers):
+        layers = [int(assignment[l[1:]]) if _is_var(l) else l for l in swap.layers]
+        updates["layers"] = sorted(set(layers))
+    return swap.model_copy(update=updates) if updates else swap
+
+
 def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
     if not condition.sweep:
         assignments = [{}]
@@ -736,7 +832,7 @@ def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
             sweep=assignment,
             image=condition.image,
             interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
-            kv_swap=condition.kv_swap,
+            kv_swap=_substitute_swap(condition.kv_swap, assignment),
         )
         for assignment in assignments
     ]
