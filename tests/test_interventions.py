@@ -151,6 +151,44 @@ def test_add_vector_at_layer(load_tiny, name):
 
 
 @pytest.mark.parametrize("name", VLMS)
+def test_add_random_direction_of_matched_or_given_norm(load_tiny, name):
+    """direction: random adds n_t·u: u a unit Gaussian direction drawn from the seed (here drawn
+    again with numpy's Generator, normalized by hand), n_t the token's own ‖x_t‖ (matched) or a
+    given norm; the same seed reproduces it, another seed does not."""
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  matched: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7}]}
+  again: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7}]}
+  other: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 8}]}
+  given: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7, norm: 2.5, factor: 0.5}]}
+  swept:
+    sweep: {s: [7.0, 8.0]}
+    interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: $s}]""")
+    runs = {c: run(model, plan, c)[0].tokens["hidden"] for c in ("matched", "again", "other", "given", "s=7.0")}
+    inputs = LazyInputs(model, SAMPLE)
+    text = np.flatnonzero(inputs["real"].modality == "text")
+    clean, _ = hooked_residuals(model, inputs["real"].encoding)
+    g = np.random.Generator(np.random.PCG64(7)).normal(size=model.info.hidden_size)
+    u = g / np.sqrt((g * g).sum())
+    added = runs["matched"][text, 1] - clean[text, 1]           # layer 1 = the stream entering decoder layer 1
+    target = np.linalg.norm(clean[text, 1], axis=-1)
+    np.testing.assert_allclose(np.linalg.norm(added, axis=-1), target, rtol=1e-4)
+    np.testing.assert_allclose(added / target[:, None], np.broadcast_to(u, added.shape), atol=1e-4)
+    given = runs["given"][text, 1] - clean[text, 1]
+    np.testing.assert_allclose(np.linalg.norm(given, axis=-1), 0.5 * 2.5, rtol=1e-4)
+    # the whole stream against plain pre-hooks adding the same vector
+    layer1 = decoder(model).layers[1]
+    step = lambda x: x + x.norm(dim=-1, keepdim=True) * torch.as_tensor(u, dtype=x.dtype)
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(pre=[(layer1, pre_hook_edit(torch.as_tensor(text), step))]))
+    np.testing.assert_allclose(runs["matched"], ref, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(runs["matched"], runs["again"])
+    np.testing.assert_array_equal(runs["matched"], runs["s=7.0"])   # a swept seed is the same seed
+    assert np.abs(runs["other"] - runs["matched"]).max() > 1e-3
+    others = np.setdiff1d(np.arange(len(inputs["real"].modality)), text)
+    np.testing.assert_allclose(runs["matched"][others, 1], clean[others, 1], atol=ATOL)
+
+
+@pytest.mark.parametrize("name", VLMS)
 def test_patch_and_add_direction_from_blank(load_tiny, name):
     model = load_tiny(name)
     plan = plan_for(model, """\

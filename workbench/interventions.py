@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .records import Record
@@ -96,13 +97,24 @@ class Normalize(Intervention):
         return x * (float(self.target) / norm)
 
 
+def random_direction(seed: int, width: int) -> np.ndarray:
+    """The unit direction of `add` with `direction: random`: g / ‖g‖ with g ~ N(0, I_width) drawn
+    by numpy's PCG64 generator from `seed`, in float64: the same vector on any device or dtype."""
+    g = np.random.default_rng(int(seed)).standard_normal(int(width))
+    return g / np.linalg.norm(g)
+
+
 class Add(Intervention):
     """Add `factor` x a vector at the selected positions. The vector is given (`vector`, length
-    = the site's width) or taken from another condition (`source`): the mean, over the selected
-    positions, of (source's value - this condition's value without this edit)."""
+    = the site's width), taken from another condition (`source`): the mean, over the selected
+    positions, of (source's value - this condition's value without this edit), or, as a control
+    for both, random (`direction == "random"`): n_t · u with u = `random_direction(seed, width)`
+    (one direction for every position and layer) and n_t = `norm`, or with norm "matched" the
+    token's own ‖x_t‖ at the site, so the edit has the size of the value it edits."""
 
-    _fields = Intervention._fields + ("factor", "vector", "source", "bound")
-    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None}
+    _fields = Intervention._fields + ("factor", "vector", "source", "direction", "seed", "norm", "bound")
+    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None, "direction": None,
+                 "seed": 0, "norm": "matched"}
     _factories = {"bound": dict}
     _hidden = ("bound",)
 
@@ -110,7 +122,15 @@ class Add(Intervention):
         directions = {k: (values[k] - own[k]).mean(dim=0) for k in values}
         return self.replace(bound=directions)
 
+    def random_step(self, x: torch.Tensor) -> torch.Tensor:
+        """n_t · u for every row of x (before `factor`)."""
+        u = torch.as_tensor(random_direction(self.seed, x.shape[-1]), device=x.device).to(x.dtype)
+        size = x.norm(dim=-1, keepdim=True) if self.norm == "matched" else float(self.norm)
+        return size * u
+
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        if self.direction == "random":
+            return x + self.factor * self.random_step(x)
         if self.source is None:
             direction = torch.tensor(self.vector, dtype=x.dtype, device=x.device)
         else:
@@ -152,7 +172,9 @@ def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention
         return Normalize(**{**common, "positions": "all"}, target=raw.target)
     if raw.kind == "add":
         vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
-        return Add(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from)
+        norm = raw.norm if raw.norm in ("matched",) else float(raw.norm)
+        return Add(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
+                   direction=raw.direction, seed=int(raw.seed), norm=norm)
     if raw.kind == "patch":
         return Patch(**common, source=raw.from_)
     raise ValueError(f"unknown intervention kind {raw.kind!r}")

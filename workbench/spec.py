@@ -99,6 +99,8 @@ INTERVENTION_KINDS = ("scale", "zero", "add", "patch", "normalize")
 CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
 NORMALIZE_TARGETS = ("text_embedding_mean",)
+ADD_DIRECTIONS = ("random",)
+RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site
 # What a kv_swap copies from the donor's cache; a string sweep value names a set of them joined
 # by '+' ("keys+values"), so `parts: $p` with `sweep: {p: [keys, values]}` sweeps them.
 KV_PARTS = ("keys", "values")
@@ -645,19 +647,46 @@ class ZeroIntervention(_SiteIntervention):
     kind: Literal["zero"]
 
 
+def _seed_or_var(value: Any) -> int | str:
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    _fail(f"{_got(value)}; expected a seed (an integer >= 0) or a '$variable'")
+
+
+def _random_norm(value: Any) -> float | str:
+    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
+        return value
+    number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    if number <= 0:
+        _fail(f"{_got(value)}; expected a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    return number
+
+
 class AddIntervention(_SiteIntervention):
     kind: Literal["add"]
     vector: list[Number] | None = None
     direction_from: ConditionName | None = None
+    # the control for both: a seeded random unit direction u, scaled to `norm` per token
+    direction: Annotated[Literal["random"], _one_of(ADD_DIRECTIONS)] | None = None
+    seed: Annotated[Union[int, str], PlainValidator(_seed_or_var)] = 0
+    norm: Annotated[Union[float, str], PlainValidator(_random_norm)] = "matched"
     factor: NumberOrVar = 1.0
 
     @model_validator(mode="after")
     def _one_direction(self) -> "AddIntervention":
-        if (self.vector is None) == (self.direction_from is None):
-            given = "both" if self.vector is not None else "neither"
-            _fail(f"{given} of 'vector' and 'direction_from' given; expected exactly one of them")
+        given = [name for name in ("vector", "direction_from", "direction") if getattr(self, name) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(repr(g) for g in given)
+            _fail(f"{what} of 'vector', 'direction_from', 'direction' given; expected exactly one of them "
+                  "(a vector, a condition's mean difference, or direction: random)")
         if self.vector is not None and not self.vector:
             _fail("got an empty list; expected a non-empty vector", "vector")
+        if self.direction is None:  # (a dumped spec carries the defaults: only other values are refused)
+            for name in ("seed", "norm"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    _fail(f"'{name}' is only used with 'direction: random'; expected no '{name}' here", name)
         return self
 
 
@@ -678,7 +707,9 @@ Intervention = Annotated[
 ]
 
 # Fields that may hold a "$var" reference, per intervention kind.
-_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor",), "normalize": ("target",)}
+_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
+# Numeric fields whose sweep values must be whole numbers (what _SWEEP_KINDS calls them).
+_INTEGER_FIELDS = {("add", "seed"): "seed"}
 
 
 class KVSwap(_Model):
@@ -719,6 +750,7 @@ class Condition(_Model):
 _SWEEP_KINDS = {
     "number": (_is_number, "a number"),
     "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
+    "seed": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a seed (an integer >= 0)"),
     "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
 }
 
@@ -732,7 +764,7 @@ def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
     for i, intervention in enumerate(condition.interventions):
         for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
             if _is_var(value := getattr(intervention, name)):
-                yield ("interventions", i, name), value, "number"
+                yield ("interventions", i, name), value, _INTEGER_FIELDS.get((intervention.kind, name), "number")
     swap = condition.kv_swap
     if swap is not None:
         if _is_var(swap.parts):
