@@ -11,6 +11,8 @@ import argparse
 import difflib
 import sys
 
+from workbench.definitions import AVERAGE_LAYERS, RANK_BASES, TEXT_SETS
+
 # default condition names; an explicit --reference/--blank/... must name a condition of the store
 CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid",
                       "self_swap": "self_swap"}
@@ -38,6 +40,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")
     parser.add_argument("--self-swap", help="KV-substitution control, the sample as its own donor (default: self_swap)")
     parser.add_argument("--sweep", help="swept variable of the α tables (default: alpha)")
+    parser.add_argument("--text-set", choices=TEXT_SETS,
+                        help="tokens the 'text' side averages over (default: the store's definition, else text)")
+    parser.add_argument("--average-layers", choices=AVERAGE_LAYERS,
+                        help="decoder layers a mean over layers covers (default: the store's definition, else all)")
+    parser.add_argument("--rank-base", type=int, choices=RANK_BASES,
+                        help="rank of a top token that stays on top (default: the store's definition, else 0)")
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
@@ -101,7 +109,9 @@ def _options(args: argparse.Namespace):
     from .tables import Options
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
-                   self_swap=args.self_swap, sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed, force=args.force)
+                   self_swap=args.self_swap, sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
+                   force=args.force, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                                                  "rank_base": args.rank_base})
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from workbench.store import MODALITIES
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
 from .logits import next_token_comparison
-from .streaming import group_sums, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
+from .streaming import group_sums, layer_mean, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
 
 
 def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -66,12 +66,14 @@ def kv_cosine_per_sample(ds: xr.Dataset, reference: str = "baseline") -> xr.Data
 
 def kv_cosine(ds: xr.Dataset, reference: str = "baseline", modality: str = "vision", *, per_layer: bool = False,
               per_sample: bool = False, force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES,
-              seed: int = SEED) -> xr.Dataset:
-    """cos(K′, K) and cos(V′, V) at `modality` tokens per condition (per_layer: and layer), with CIs."""
+              seed: int = SEED, average_layers: str = "all") -> xr.Dataset:
+    """cos(K′, K) and cos(V′, V) at `modality` tokens per condition (per_layer: and layer), with
+    CIs; without per_layer each sample's cosine is averaged over the decoder layers that
+    `average_layers` names (workbench.definitions)."""
     values = kv_cosine_per_sample(ds, reference, force=force, cache=cache).sel(modality=modality, drop=True)
     values = values[["cos_k", "cos_v"]]
     if not per_layer:
-        values = values.mean("decoder_layer")
+        values = layer_mean(values, average_layers)
     values.attrs = {"reference": reference, "modality": modality}
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
 

@@ -31,6 +31,8 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
+from workbench.definitions import describe as describe_definitions
+from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
 from . import attention, correlation, kv, logits, norms, rotation, updates
@@ -55,9 +57,15 @@ class Options:
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
     force: bool = False             # recompute cached analyses
+    # overrides of the definitions a store holds (workbench.definitions): text_set, average_layers, rank_base
+    definitions: dict[str, Any] = field(default_factory=dict)
 
     def boot(self) -> dict[str, Any]:
         return {"n_resamples": self.n_resamples, "seed": self.seed}
+
+    def definitions_for(self, ds: xr.Dataset) -> dict[str, Any]:
+        """The definitions in force for one model: the store's (from its run's spec), then these overrides."""
+        return resolve_definitions(ds.attrs.get("definitions"), self.definitions)
 
 
 @dataclass
@@ -210,11 +218,13 @@ class _Builder:
 
     def run(self, models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]],
             fill: Callable[[str, xr.Dataset], xr.Dataset | None]) -> Table:
+        in_force: dict[str, str] = {}
         for model, ds in models.items():
             lacking = need(ds)
             if lacking:
                 self.missing.append(f"{model}: needs {', '.join(lacking)}")
                 continue
+            in_force[model] = describe_definitions(self.options.definitions_for(ds))
             ds, excluded = without_nonfinite(ds)
             first_row = len(self.table.rows)
             try:
@@ -232,6 +242,10 @@ class _Builder:
             return table
         table.notes.append(_ci_note(self.options, self.counts, medians=table.name == "alpha"))
         table.notes += [f"Not shown: {m}." for m in self.missing]
+        if len(set(in_force.values())) == 1:
+            table.notes.append(next(iter(in_force.values())))
+        else:
+            table.notes += [f"{model}: {line}" for model, line in in_force.items()]
         if self.data:
             table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
                                    combine_attrs="drop_conflicts")
@@ -250,7 +264,8 @@ def norm_ratio_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                  ["model", "vision/text norm ratio"], options)
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        ratio = norms.vision_text_ratio(ds, layer=0, **options.boot()).sel(condition=ref)
+        text_set = options.definitions_for(ds)["text_set"]
+        ratio = norms.vision_text_ratio(ds, layer=0, text_set=text_set, **options.boot()).sel(condition=ref)
         b.table.rows.append([model, estimate(ratio, 2)])
         b.count(model, ratio)
         return ratio.to_dataset(name="norm_ratio")
@@ -277,8 +292,9 @@ def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table
                  ["model", "modality", "‖u₁‖/‖h₀‖", "cos(h₁,h₀)"], options)
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        rel = updates.relative_update(ds, **options.boot()).sel(condition=ref, layer=1)
-        cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref, layer=1)
+        text_set = options.definitions_for(ds)["text_set"]
+        rel = updates.relative_update(ds, text_set=text_set, **options.boot()).sel(condition=ref, layer=1)
+        cos = rotation.cosine_to_first(ds, text_set=text_set, **options.boot()).sel(condition=ref, layer=1)
         for modality in [m for m in ("vision", "text") if m in _modalities(ds, ref)]:
             b.table.rows.append([model, modality.capitalize(), estimate(rel.sel(modality=modality), 2),
                                  estimate(cos.sel(modality=modality), 2)])
@@ -306,7 +322,8 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        r = correlation.text_curve_correlation(ds, ref, present, **options.boot())
+        text_set = options.definitions_for(ds)["text_set"]
+        r = correlation.text_curve_correlation(ds, ref, present, text_set=text_set, **options.boot())
         row = [model]
         for c in present:
             for metric in ("norm", "cosine"):
@@ -338,11 +355,13 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         conditions = _sweep_conditions(ds, sweep)
         names = [c for c, _, _ in conditions]
+        defs = options.definitions_for(ds)
         parts = {
-            "norm_ratio": norms.vision_text_ratio(ds, layer=0, **options.boot()),
-            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, **options.boot()),
+            "norm_ratio": norms.vision_text_ratio(ds, layer=0, text_set=defs["text_set"], **options.boot()),
+            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, average_layers=defs["average_layers"],
+                                                          **options.boot()),
             "logit_kl": logits.logit_kl(ds, ref, options.step, **options.boot()),
-            "median_rank": logits.median_rank(ds, ref, options.step, **options.boot()),
+            "median_rank": logits.median_rank(ds, ref, options.step, rank_base=defs["rank_base"], **options.boot()),
         }
         parts = {k: v.reindex(condition=names) for k, v in parts.items()}
         for condition, _, label in conditions:
@@ -368,7 +387,9 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         conditions = _sweep_conditions(ds, sweep)
-        data = kv.kv_cosine(ds, ref, "vision", **options.boot()).reindex(condition=[c for c, _, _ in conditions])
+        average_layers = options.definitions_for(ds)["average_layers"]
+        data = kv.kv_cosine(ds, ref, "vision", average_layers=average_layers, **options.boot())
+        data = data.reindex(condition=[c for c, _, _ in conditions])
         for condition, _, label in conditions:
             row = data.sel(condition=condition)
             b.table.rows.append([model, label, estimate(row["cos_k"], 3), estimate(row["cos_v"], 3)])

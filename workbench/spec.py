@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from .errors import BadInputError
 from .models.architectures import tiny_architectures
 from .names import reserved_name_problem
@@ -59,6 +60,7 @@ __all__ = [
     "GenerateSpec",
     "StoreSpec",
     "BackendSpec",
+    "AnalysisSpec",
     "load_spec",
     "parse_spec",
 ]
@@ -788,6 +790,21 @@ class CaptureSpec(_Model):
     positions: Positions = "all"
 
 
+def _rank_base(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value in RANK_BASES:
+        return value
+    _fail(f"{_got(value)}; expected one of {', '.join(map(str, RANK_BASES))}")
+
+
+class AnalysisSpec(_Model):
+    """Definitions the study leaves open (workbench.definitions): stored with the run, read by
+    `workbench analyze`, printed under every table."""
+
+    text_set: Annotated[Literal[TEXT_SETS], _one_of(TEXT_SETS)] = DEFAULTS["text_set"]
+    average_layers: Annotated[Literal[AVERAGE_LAYERS], _one_of(AVERAGE_LAYERS)] = DEFAULTS["average_layers"]
+    rank_base: Annotated[int, PlainValidator(_rank_base)] = DEFAULTS["rank_base"]
+
+
 class GenerateSpec(_Model):
     max_new_tokens: PositiveInt = 1
 
@@ -880,6 +897,7 @@ class Spec(_Model):
     generate: GenerateSpec | None = None  # None: prefill only
     store: StoreSpec
     backend: BackendSpec = Field(default_factory=BackendSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
     # Provenance, outside the validated fields.
     _source: str = PrivateAttr("<spec>")
