@@ -13,11 +13,13 @@ import sys
 
 from workbench.definitions import AVERAGE_LAYERS, RANK_BASES, TEXT_SETS
 
+from .registry import NAMES
+
 # default condition names; an explicit --reference/--blank/... must name a condition of the store
 CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid",
                       "self_swap": "self_swap"}
 
-TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
+TABLE_NAMES = NAMES  # the analyses registry's names (analyses/registry.py)
 ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
 ANALYZE_DESCRIPTION = (
     "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "

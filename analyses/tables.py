@@ -38,9 +38,10 @@ from workbench.store import StoreError, list_models
 from . import attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
+from .registry import ANALYSES, NAMES
 from .streaming import as_str, condition_sort_key, layout
 
-TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
+TABLES = NAMES  # in the registry's (the study's) order
 
 
 @dataclass
@@ -461,15 +462,8 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     return table
 
 
-BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
-    "norm-ratio": norm_ratio_table,
-    "first-update": first_update_table,
-    "correlation": correlation_table,
-    "alpha": alpha_table,
-    "kv-cosine": kv_cosine_table,
-    "kv-substitution": kv_substitution_table,
-    "depth": depth_table,
-}
+# name -> builder, from the analyses registry (each entry names its builder in this module)
+BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {a.name: globals()[a.table] for a in ANALYSES}
 
 
 def open_models(store: str | Path, models: list[str] | None = None) -> dict[str, xr.Dataset]:

@@ -63,6 +63,11 @@ class Intervention(Record):
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         raise NotImplementedError
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Intervention":
+        """The runtime intervention of a validated spec entry; `common`: site, positions, layers."""
+        return cls(**common)
+
 
 class Scale(Intervention):
     """Multiply the site's value by `factor` at the selected positions (on `projector`: the
@@ -73,6 +78,10 @@ class Scale(Intervention):
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return x * self.factor
+
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Scale":
+        return cls(**common, factor=float(raw.factor))
 
 
 class Zero(Intervention):
@@ -95,6 +104,10 @@ class Normalize(Intervention):
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         norm = x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         return x * (float(self.target) / norm)
+
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Normalize":
+        return cls(**{**common, "positions": "all"}, target=raw.target)  # every projector row
 
 
 def random_direction(seed: int, width: int) -> np.ndarray:
@@ -137,6 +150,13 @@ class Add(Intervention):
             direction = self.bound[layer].to(x.device, x.dtype)
         return x + self.factor * direction
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Add":
+        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
+        norm = raw.norm if raw.norm == "matched" else float(raw.norm)
+        return cls(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
+                   direction=raw.direction, seed=int(raw.seed), norm=norm)
+
 
 class Patch(Intervention):
     """Replace the site's value at the selected positions with the `source` condition's value at
@@ -153,28 +173,42 @@ class Patch(Intervention):
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return self.bound[layer].to(x.device, x.dtype).reshape(x.shape)
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Patch":
+        return cls(**common, source=raw.from_)
+
 
 def needs_source(item: Any) -> str | None:
     """The condition whose values `item` needs before it can run, if any."""
     return getattr(item, "source", None)
 
 
+# The runtime half of the intervention registry: kind -> the class that runs it. The spec half
+# (kind -> spec model) is `workbench.spec.INTERVENTION_SPECS`; `registry()` joins the two. Adding a
+# kind is: a spec model there, a class here with `edit` and `from_spec`, one entry in each map.
+RUNTIME: dict[str, type[Intervention]] = {
+    "scale": Scale,
+    "zero": Zero,
+    "add": Add,
+    "patch": Patch,
+    "normalize": Normalize,
+}
+
+
+def registry() -> dict[str, tuple[type, type[Intervention]]]:
+    """kind -> (spec model, runtime class), in the spec's order; refuses a kind only one half knows."""
+    from .spec import INTERVENTION_SPECS
+
+    if list(INTERVENTION_SPECS) != list(RUNTIME):
+        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
+    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
+
+
 def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention:
     """An intervention from a validated spec entry (sweep variables already substituted)."""
+    if raw.kind not in RUNTIME:
+        raise ValueError(f"unknown intervention kind {raw.kind!r}; expected one of {', '.join(RUNTIME)}")
     positions = getattr(raw, "positions", "all")
     positions = positions if isinstance(positions, str) else tuple(positions)
     common = {"site": raw.site, "positions": positions, "layers": layers}
-    if raw.kind == "scale":
-        return Scale(**common, factor=float(raw.factor))
-    if raw.kind == "zero":
-        return Zero(**common)
-    if raw.kind == "normalize":
-        return Normalize(**{**common, "positions": "all"}, target=raw.target)
-    if raw.kind == "add":
-        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
-        norm = raw.norm if raw.norm in ("matched",) else float(raw.norm)
-        return Add(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
-                   direction=raw.direction, seed=int(raw.seed), norm=norm)
-    if raw.kind == "patch":
-        return Patch(**common, source=raw.from_)
-    raise ValueError(f"unknown intervention kind {raw.kind!r}")
+    return RUNTIME[raw.kind].from_spec(raw, common)

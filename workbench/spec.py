@@ -95,7 +95,6 @@ DATBENCH_CONFIGS = (
 DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all")
 IMAGE_MODES = ("real", "blank", "none")
-INTERVENTION_KINDS = ("scale", "zero", "add", "patch", "normalize")
 # Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
 # workbench.plan refuses those); kept equal to workbench.interventions.EDITABLE_SITES by a test.
 CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
@@ -703,10 +702,19 @@ class NormalizeIntervention(_Intervention):
     target: Annotated[Union[float, str], PlainValidator(_normalize_target)] = "text_embedding_mean"
 
 
-Intervention = Annotated[
-    Union[ScaleIntervention, ZeroIntervention, AddIntervention, PatchIntervention, NormalizeIntervention],
-    Field(discriminator="kind"),
-]
+# The spec half of the intervention registry: kind -> spec model. `workbench.interventions.RUNTIME`
+# maps the same kinds to the classes that run them (a test keeps the two equal); the list of
+# kinds, the union pydantic validates against and the error messages all derive from this.
+INTERVENTION_SPECS: dict[str, type[_Intervention]] = {
+    "scale": ScaleIntervention,
+    "zero": ZeroIntervention,
+    "add": AddIntervention,
+    "patch": PatchIntervention,
+    "normalize": NormalizeIntervention,
+}
+INTERVENTION_KINDS = tuple(INTERVENTION_SPECS)
+
+Intervention = Annotated[Union[tuple(INTERVENTION_SPECS.values())], Field(discriminator="kind")]
 
 # Fields that may hold a "$var" reference, per intervention kind.
 _NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
