@@ -838,7 +838,7 @@ class ConditionInstance:
 
     name: str  # "baseline", or "alpha=0.1" / "x=1.0,y=2.0" for swept conditions
     base: str  # the condition's key in the spec
-    sweep: dict[str, float] = field(default_factory=dict)
+    sweep: dict[str, float | str] = field(default_factory=dict)  # a word for a kv_swap parts sweep
     image: str = "real"
     interventions: tuple[Any, ...] = ()
     kv_swap: KVSwap | None = None
