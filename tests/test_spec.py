@@ -579,6 +579,8 @@ NEW_FIELD_ERRORS = {
                   "conditions.c.interventions[0].norm", "got 0 (int); expected a number > 0, 'matched'"),
     "fractional seed sweep": ("    sweep: {s: [1.5]}\n    interventions: [{kind: add, site: layer, direction: random, seed: $s}]",
                               "conditions.c.sweep.s", "expected every value of 's' to be a seed (an integer >= 0)"),
+    "negative norm sweep": ("    sweep: {n: [1.0, -2.0]}\n    interventions: [{kind: add, site: layer, direction: random, norm: $n}]",
+                            "conditions.c.sweep.n", "expected every value of 'n' to be a number > 0"),
 }
 
 

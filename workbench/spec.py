@@ -718,8 +718,8 @@ Intervention = Annotated[Union[tuple(INTERVENTION_SPECS.values())], Field(discri
 
 # Fields that may hold a "$var" reference, per intervention kind.
 _NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
-# Numeric fields whose sweep values must be whole numbers (what _SWEEP_KINDS calls them).
-_INTEGER_FIELDS = {("add", "seed"): "seed"}
+# Numeric fields whose sweep values must be more than numbers (what _SWEEP_KINDS calls them).
+_SWEPT_FIELD_KINDS = {("add", "seed"): "seed", ("add", "norm"): "positive"}
 
 
 class KVSwap(_Model):
@@ -761,6 +761,7 @@ _SWEEP_KINDS = {
     "number": (_is_number, "a number"),
     "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
     "seed": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a seed (an integer >= 0)"),
+    "positive": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
 }
 
@@ -774,7 +775,7 @@ def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
     for i, intervention in enumerate(condition.interventions):
         for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
             if _is_var(value := getattr(intervention, name)):
-                yield ("interventions", i, name), value, _INTEGER_FIELDS.get((intervention.kind, name), "number")
+                yield ("interventions", i, name), value, _SWEPT_FIELD_KINDS.get((intervention.kind, name), "number")
     swap = condition.kv_swap
     if swap is not None:
         if _is_var(swap.parts):
