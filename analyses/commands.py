@@ -40,6 +40,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blank", help="blank-image condition (default: blank)")
     parser.add_argument("--text-only", help="no-image condition (default: none)")
     parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")
+    parser.add_argument("--swap", action="append", dest="swaps", metavar="CONDITION",
+                        help="another KV-swap condition to report beside --hybrid (repeatable), e.g. each of a "
+                             "parts or layers sweep")
     parser.add_argument("--self-swap", help="KV-substitution control, the sample as its own donor (default: self_swap)")
     parser.add_argument("--sweep", help="swept variable of the α tables (default: alpha)")
     parser.add_argument("--text-set", choices=TEXT_SETS,
@@ -89,6 +92,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise BadInputError(f"{option}: no condition {value!r} in {args.store}{did_you_mean(value, conditions)}; "
                                 f"expected one of {', '.join(conditions)}")
         setattr(args, name, value if value is not None else default)
+    for i, value in enumerate(args.swaps or ()):
+        if value not in conditions:
+            raise BadInputError(f"--swap[{i}]: no condition {value!r} in {args.store}{did_you_mean(value, conditions)}; "
+                                f"expected one of {', '.join(conditions)}")
     sweeps = sorted({v for ds in chosen for dim in ("token", "run") for v in layout(ds, dim).sweep})
     if args.sweep is not None and args.sweep not in sweeps:
         raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
@@ -111,7 +118,7 @@ def _options(args: argparse.Namespace):
     from .tables import Options
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
-                   self_swap=args.self_swap, sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
+                   self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
                    force=args.force, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 

@@ -11,7 +11,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `correlation`     | model                | per compared condition: norm and cosine text-curve r (`correlation.text_curve_correlation`) |
 | `alpha`           | model × α            | norm ratio, attention KL (`attention.vision_attention_kl`), logit KL (`logits.logit_kl`), median rank (`logits.median_rank`) |
 | `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
-| `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
+| `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
@@ -53,6 +53,7 @@ class Options:
     text_only: str = "none"         # image removed
     hybrid: str = "hybrid"          # real image, decoding from the blank image's visual KV cache
     self_swap: str = "self_swap"    # control: the real image decoding from its own KV cache
+    swaps: tuple[str, ...] = ()     # more KV-swap conditions reported beside `hybrid` (e.g. a parts sweep's)
     sweep: str = "alpha"            # the swept variable of the α tables
     step: int = 0                   # decode step of the KLs and ranks
     n_resamples: int = N_RESAMPLES
@@ -401,25 +402,39 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:
-    real, blank, hybrid, own = options.reference, options.blank, options.hybrid, options.self_swap
-    b = _Builder("kv-substitution", f"KV-cache substitution ({hybrid}: {real} image decoding from the {blank} "
-                 f"image's visual KV cache; step {options.step})",
-                 ["model", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)", "D_KL(z_real ‖ z_blank)",
+    real, blank, own = options.reference, options.blank, options.self_swap
+    swaps = list(dict.fromkeys((options.hybrid, *options.swaps)))
+    b = _Builder("kv-substitution", f"KV-cache substitution ({', '.join(swaps)}: {real} image decoding from the "
+                 f"{blank} image's KV cache; step {options.step})",
+                 ["model", "condition", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)", "D_KL(z_real ‖ z_blank)",
                   "D_KL(z_real ‖ z_self)"], options)
 
-    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        data = kv.kv_substitution(ds, real, blank, hybrid, options.step, self_swap=own, **options.boot())
-        control = estimate(data["kl_real_self"], 3) if "kl_real_self" in data else "n/a"
-        b.table.rows.append([model, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3),
-                             estimate(data["kl_real_blank"], 3), control])
-        b.count(model, data["kl_real_hybrid"])
-        return data
+    def present(ds: xr.Dataset) -> list[str]:
+        return [c for c in swaps if c in layout(ds, "run").conditions]
 
-    table = b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("logprobs",), (real, blank))
+        if not present(ds):
+            lacking.append(f"condition {' or '.join(repr(c) for c in swaps)}")
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        rows = []
+        for hybrid in present(ds):
+            data = kv.kv_substitution(ds, real, blank, hybrid, options.step, self_swap=own, **options.boot())
+            control = estimate(data["kl_real_self"], 3) if "kl_real_self" in data else "n/a"
+            b.table.rows.append([model, hybrid, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3),
+                                 estimate(data["kl_real_blank"], 3), control])
+            b.count(model, data["kl_real_hybrid"])
+            rows.append(data.expand_dims(condition=[hybrid]))
+        return xr.concat(rows, dim="condition", join="outer")
+
+    table = b.run(models, need, fill)
     if not table.skipped:
-        table.notes.insert(0, f"D_KL(z_real ‖ z_blank) is the scale the two hybrid KLs read against (the whole "
-                              f"image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the sample as its "
-                              "own donor), which must be 0 up to float round-off (n/a: no such condition stored).")
+        table.notes.insert(0, f"z_hybrid: the row's condition. D_KL(z_real ‖ z_blank) is the scale the hybrid KLs read "
+                              f"against (the whole image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the "
+                              "sample as its own donor), which must be 0 up to float round-off (n/a: no such condition "
+                              "stored).")
     return table
 
 

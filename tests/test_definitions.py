@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from scipy.stats import entropy
 
 import workbench
 from analyses.synthetic import DEFAULT_MODELS, write_synthetic_store
@@ -34,9 +35,21 @@ def analyze(capsys, *argv) -> str:
 
 def row_values(out: str, *first: str) -> list[float]:
     """The estimates (values before their CI) of the table row starting with `first` cells."""
+    return [float(v) for v in row_estimates(out, *first)]
+
+
+def row_estimates(out: str, *first: str) -> list[str]:
+    """The estimates of a row as printed (value before its CI)."""
     prefix = "| " + " | ".join(first) + " |"
     (line,) = [l for l in out.splitlines() if l.startswith(prefix)]
-    return [float(v) for v in re.findall(r"(-?\d+\.\d+(?:e[-+]\d+)?) \[", line[len(prefix):])]
+    return re.findall(r"(-?\d+\.\d+(?:e[-+]\d+)?) \[", line[len(prefix):])
+
+
+def half_unit(text: str) -> float:
+    """Half a unit in the last printed digit of `text` ("0.012" -> 0.0005, "7.9e-05" -> 5e-07)."""
+    mantissa, _, exponent = text.partition("e")
+    decimals = len(mantissa.split(".")[1])
+    return 0.5 * 10.0 ** (-decimals + int(exponent or 0)) * (1 + 1e-9)
 
 
 def flat(path):
@@ -170,3 +183,48 @@ analysis: {{text_set: text+boundary, average_layers: from_1}}
     flag = analyze(capsys, tmp_path / "defs.zarr", "norm-ratio", "--text-set", "text")
     assert "text_set = text (" in flag
     assert row_values(flag, "tiny-qwen3vl")[0] == pytest.approx(round(ratio(["text"]), 2), abs=1e-9)
+
+
+def test_kv_substitution_reports_every_swap_condition_asked(tmp_path, capsys, workbench_cache):
+    """`--swap` adds rows for other KV-swap conditions (here a keys-only and a values-only swap),
+    each KL the numpy one from the stored log-probabilities; the self-swap control is ~0."""
+    spec = tmp_path / "swaps.yaml"
+    spec.write_text(f"""\
+name: swaps
+models: [tiny-smolvlm]
+data: {{source: builtin, n: 2}}
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  self_swap: {{kv_swap: {{donor: baseline}}}}
+  hybrid: {{kv_swap: {{donor: blank}}}}
+  swap:
+    sweep: {{p: [keys, values]}}
+    kv_swap: {{donor: blank, parts: $p}}
+capture: [{{site: logits}}]
+store: {{path: {tmp_path / 'swaps.zarr'}}}
+""")
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    capsys.readouterr()
+    out = analyze(capsys, tmp_path / "swaps.zarr", "kv-substitution", "--swap", "p=keys", "--swap", "p=values")
+    ds = workbench.open_store(tmp_path / "swaps.zarr", model="tiny-smolvlm", index=False).load()
+    lab = labels(ds, "run_")
+    logprobs = ds.logprobs.values[:, 0].astype(np.float64)
+
+    def kl(p_condition, q_condition):
+        values = []
+        for sample in np.unique(lab["sample"]):
+            p = logprobs[(lab["condition"] == p_condition) & (lab["sample"] == sample)][0]
+            q = logprobs[(lab["condition"] == q_condition) & (lab["sample"] == sample)][0]
+            values.append(float(entropy(np.exp(p), np.exp(q))))    # scipy renormalizes both
+        return np.mean(values)
+
+    for condition in ("hybrid", "p=keys", "p=values"):
+        printed = row_estimates(out, "tiny-smolvlm", condition)
+        expected = [kl("baseline", condition), kl("blank", condition), kl("baseline", "blank")]
+        for text, value in zip(printed[:3], expected):
+            assert abs(float(text) - value) <= half_unit(text), (condition, text, value)
+        assert abs(float(printed[3])) < 1e-6                         # the self-swap control
+    assert kl("baseline", "p=keys") != pytest.approx(kl("baseline", "p=values"), rel=1e-3)
+    assert main(["analyze", str(tmp_path / "swaps.zarr"), "--swap", "p=key"]) == 2
+    assert "--swap[0]: no condition 'p=key'" in capsys.readouterr().err
