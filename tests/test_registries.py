@@ -9,7 +9,7 @@ import typing
 
 import pytest
 
-from workbench import interventions, spec
+from workbench import interventions, plan, spec
 from workbench.cli import main
 from workbench.models.model import model_info
 from workbench.plan import compile_plan
@@ -31,14 +31,14 @@ store: {path: unused.zarr}
 
 
 def test_intervention_registry_joins_spec_models_and_runtime_classes():
-    joined = interventions.registry()
+    joined = plan.intervention_registry()
     assert tuple(joined) == spec.INTERVENTION_KINDS == tuple(spec.INTERVENTION_SPECS) == tuple(interventions.RUNTIME)
     for kind, (model, runtime) in joined.items():
         assert typing.get_args(model.model_fields["kind"].annotation) == (kind,)   # the model's own tag
         assert issubclass(runtime, interventions.Intervention)
     # every kind, built through the registry from a parsed spec, is the registered class
-    plan = compile_plan(spec.parse_spec(EVERY_KIND), model_info("tiny-qwen3vl"))
-    built = {c.name: c.interventions[0] for c in plan.conditions if c.interventions}
+    compiled = compile_plan(spec.parse_spec(EVERY_KIND), model_info("tiny-qwen3vl"))
+    built = {c.name: c.interventions[0] for c in compiled.conditions if c.interventions}
     assert set(built) == set(joined)
     for kind, item in built.items():
         assert type(item) is joined[kind][1]
@@ -52,9 +52,9 @@ def test_spec_errors_list_the_registered_kinds():
 
 
 def test_a_kind_missing_from_one_half_is_refused(monkeypatch):
-    monkeypatch.setattr(interventions, "RUNTIME", {k: v for k, v in interventions.RUNTIME.items() if k != "patch"})
+    monkeypatch.setattr(plan, "RUNTIME", {k: v for k, v in interventions.RUNTIME.items() if k != "patch"})
     with pytest.raises(RuntimeError, match="intervention kinds disagree"):
-        interventions.registry()
+        plan.intervention_registry()
 
 
 def test_analyses_registry_drives_tables_figures_report_and_cli(capsys, monkeypatch):

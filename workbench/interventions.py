@@ -184,8 +184,9 @@ def needs_source(item: Any) -> str | None:
 
 
 # The runtime half of the intervention registry: kind -> the class that runs it. The spec half
-# (kind -> spec model) is `workbench.spec.INTERVENTION_SPECS`; `registry()` joins the two. Adding a
-# kind is: a spec model there, a class here with `edit` and `from_spec`, one entry in each map.
+# (kind -> spec model) is `workbench.spec.INTERVENTION_SPECS`; `workbench.plan.intervention_registry()`
+# joins the two (not here: this module travels to NDIF, where the spec's pydantic cannot). Adding
+# a kind is: a spec model there, a class here with `edit` and `from_spec`, one entry in each map.
 RUNTIME: dict[str, type[Intervention]] = {
     "scale": Scale,
     "zero": Zero,
@@ -193,15 +194,6 @@ RUNTIME: dict[str, type[Intervention]] = {
     "patch": Patch,
     "normalize": Normalize,
 }
-
-
-def registry() -> dict[str, tuple[type, type[Intervention]]]:
-    """kind -> (spec model, runtime class), in the spec's order; refuses a kind only one half knows."""
-    from .spec import INTERVENTION_SPECS
-
-    if list(INTERVENTION_SPECS) != list(RUNTIME):
-        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
-    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
 
 
 def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention:

@@ -11,11 +11,19 @@ from typing import Any
 
 from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
 from .records import Record
-from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
+from .interventions import EDITABLE_SITES, PROJECTOR_SITES, RUNTIME, build_intervention, needs_source
 from .sites import VISION_SITES
-from .spec import CAPTURE_SITES, SpecError
+from .spec import CAPTURE_SITES, INTERVENTION_SPECS, SpecError
 
 SpecPath = tuple[Any, ...]
+
+
+def intervention_registry() -> dict[str, tuple[type, type]]:
+    """The intervention registry: kind -> (spec model, runtime class), in the spec's order, joined
+    from `spec.INTERVENTION_SPECS` and `interventions.RUNTIME`; a kind only one half knows is refused."""
+    if list(INTERVENTION_SPECS) != list(RUNTIME):
+        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
+    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
 
 
 class PlanError(SpecError):
