@@ -18,7 +18,13 @@ per sample:
 - `logits.logit_kl`, `logits.median_rank`                   next-token distributions
 - `kv.kv_cosine`, `kv.kv_substitution`                      the KV cache under intervention
 
-Store-wide: `tables.analyze(store)` (markdown), `tables.build_tables(store)` (with xarray data
+The definitions the study leaves open are keyword arguments with the defaults of its code
+(`text_set=` of the residual-stream functions, `average_layers=` of `kv_cosine` and
+`vision_attention_kl`, `rank_base=` of `median_rank`; see `workbench.definitions`); the tables
+take them from the store's `definitions` attr and print them.
+
+Store-wide (one entry per analysis in `registry.ANALYSES`: table, figures, report section):
+`tables.analyze(store)` (markdown), `tables.build_tables(store)` (with xarray data
 over a `model` dim), `report.write_report(store, out)`. Expensive per-sample reductions are
 cached in the store (`cache`); `streaming` reads bounded blocks; `synthetic` writes a store whose
 answers are known, for tests and demos.

@@ -28,8 +28,8 @@ from workbench.store import MODALITIES
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
-from .streaming import (as_dask, group_sums, layer_values, layout, means, pair_rows, per_group_dataset, take_rows,
-                        token_rows)
+from .streaming import (as_dask, group_sums, layer_mean, layer_values, layout, means, pair_rows, per_group_dataset,
+                        take_rows, token_rows)
 
 VISION = MODALITIES.index("vision")
 
@@ -153,11 +153,11 @@ def decode_vision_mass(ds: xr.Dataset, step: int | None = None, *, per_sample: b
 
 def vision_attention_kl(ds: xr.Dataset, reference: str = "baseline", step: int = 0, *, per_layer: bool = False,
                         per_sample: bool = False, force: bool = False, cache: bool = True,
-                        n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                        n_resamples: int = N_RESAMPLES, seed: int = SEED, average_layers: str = "all") -> xr.DataArray:
     """Attention KL(reference ‖ condition) over vision keys per condition (per_layer: and layer);
-    without per_layer each sample's KL is first averaged over layers."""
+    without per_layer each sample's KL is first averaged over the layers `average_layers` names."""
     values = attention_kl_per_sample(ds, reference, step, force=force, cache=cache)["kl"]
     if not per_layer:
-        values = values.mean("decoder_layer")
+        values = layer_mean(values, average_layers)
     values = values.rename("attention_kl")
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)

@@ -11,10 +11,15 @@ import argparse
 import difflib
 import sys
 
-# default condition names; an explicit --reference/--blank/... must name a condition of the store
-CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid"}
+from workbench.definitions import AVERAGE_LAYERS, RANK_BASES, TEXT_SETS
 
-TABLE_NAMES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
+from .registry import NAMES
+
+# default condition names; an explicit --reference/--blank/... must name a condition of the store
+CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid",
+                      "self_swap": "self_swap"}
+
+TABLE_NAMES = NAMES  # the analyses registry's names (analyses/registry.py)
 ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
 ANALYZE_DESCRIPTION = (
     "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
@@ -35,7 +40,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blank", help="blank-image condition (default: blank)")
     parser.add_argument("--text-only", help="no-image condition (default: none)")
     parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")
+    parser.add_argument("--swap", action="append", dest="swaps", metavar="CONDITION",
+                        help="another KV-swap condition to report beside --hybrid (repeatable), e.g. each of a "
+                             "parts or layers sweep")
+    parser.add_argument("--self-swap", help="KV-substitution control, the sample as its own donor (default: self_swap)")
     parser.add_argument("--sweep", help="swept variable of the α tables (default: alpha)")
+    parser.add_argument("--text-set", choices=TEXT_SETS,
+                        help="tokens the 'text' side averages over (default: the store's definition, else text)")
+    parser.add_argument("--average-layers", choices=AVERAGE_LAYERS,
+                        help="decoder layers a mean over layers covers (default: the store's definition, else all)")
+    parser.add_argument("--rank-base", type=int, choices=RANK_BASES,
+                        help="rank of a top token that stays on top (default: the store's definition, else 0)")
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
@@ -77,6 +92,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise BadInputError(f"{option}: no condition {value!r} in {args.store}{did_you_mean(value, conditions)}; "
                                 f"expected one of {', '.join(conditions)}")
         setattr(args, name, value if value is not None else default)
+    for i, value in enumerate(args.swaps or ()):
+        if value not in conditions:
+            raise BadInputError(f"--swap[{i}]: no condition {value!r} in {args.store}{did_you_mean(value, conditions)}; "
+                                f"expected one of {', '.join(conditions)}")
     sweeps = sorted({v for ds in chosen for dim in ("token", "run") for v in layout(ds, dim).sweep})
     if args.sweep is not None and args.sweep not in sweeps:
         raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
@@ -99,7 +118,9 @@ def _options(args: argparse.Namespace):
     from .tables import Options
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
-                   sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed, force=args.force)
+                   self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
+                   force=args.force, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                                                  "rank_base": args.rank_base})
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
-from .residual import residual_geometry
+from . import residual
 
 CURVES = {"norm": "norm", "cosine": "cos_first"}
 
@@ -37,12 +37,12 @@ def pearson(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def text_curve_correlation(ds: xr.Dataset, reference: str = "baseline", others: list[str] | tuple[str, ...] | None = None,
                            *, modality: str = "text", per_sample: bool = False, force: bool = False, cache: bool = True,
-                           n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
+                           n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.Dataset:
     """Correlation of the per-sample `modality` curves of `reference` with each of `others`
     (default: every other condition without a swept value), for the norm and cosine curves.
 
     Returns a Dataset with `norm` and `cosine` (condition, stat); per_sample: (condition, sample)."""
-    geometry = residual_geometry(ds, force=force, cache=cache)
+    geometry = residual.geometry(ds, text_set, force=force, cache=cache)
     conditions = [str(c) for c in geometry.condition.values]
     if reference not in conditions:
         raise KeyError(f"reference condition {reference!r} is not in the store (it holds {', '.join(conditions)})")

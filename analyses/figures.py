@@ -126,7 +126,7 @@ def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) ->
         return fig_file
     fig, axes = _grid(2, len(usable))
     for col, (model, ds) in enumerate(usable.items()):
-        norm = norms.norm_curves(ds, **options.boot()).sel(condition=ref)
+        norm = norms.norm_curves(ds, text_set=options.definitions_for(ds)["text_set"], **options.boot()).sel(condition=ref)
         update = updates.absolute_update(ds, **options.boot()).sel(condition=ref)
         for modality, color in MODALITY_COLORS.items():
             _band(axes[0, col], norm.layer, norm.sel(modality=modality), color, modality)
@@ -153,7 +153,7 @@ def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) 
         return fig_file
     fig, axes = _grid(1, len(usable))
     for col, (model, ds) in enumerate(usable.items()):
-        cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref)
+        cos = rotation.cosine_to_first(ds, text_set=options.definitions_for(ds)["text_set"], **options.boot()).sel(condition=ref)
         ax = axes[0, col]
         for modality, color in MODALITY_COLORS.items():
             _band(ax, cos.layer, cos.sel(modality=modality), color, modality)
@@ -188,8 +188,9 @@ def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     styles = dict(zip(compared, ("-", "--", ":")))
     fig, axes = _grid(2, len(usable))
     for col, (model, ds) in enumerate(usable.items()):
-        norm = norms.norm_curves(ds, **options.boot()).sel(modality="text")
-        cos = rotation.cosine_to_first(ds, **options.boot()).sel(modality="text")
+        text_set = options.definitions_for(ds)["text_set"]
+        norm = norms.norm_curves(ds, text_set=text_set, **options.boot()).sel(modality="text")
+        cos = rotation.cosine_to_first(ds, text_set=text_set, **options.boot()).sel(modality="text")
         for condition in compared:
             if condition not in norm.condition.values:
                 continue
@@ -272,7 +273,9 @@ def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     for model, ds in usable.items():
         panels = []
         if "decode_attention" in ds.data_vars:
-            panels.append((panel["decode_attention"], attention.vision_attention_kl(ds, ref, options.step, **options.boot())))
+            average_layers = options.definitions_for(ds)["average_layers"]
+            panels.append((panel["decode_attention"], attention.vision_attention_kl(
+                ds, ref, options.step, average_layers=average_layers, **options.boot())))
         if "logprobs" in ds.data_vars:
             panels.append((panel["logprobs"], logits.logit_kl(ds, ref, options.step, **options.boot())))
         for ax, est in panels:
@@ -313,7 +316,7 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
     colors = model_colors(list(models))
     fig, axes = _grid(1, 2, width=5.5, height=3.8)
     for model, ds in usable.items():
-        est = kv.kv_cosine(ds, ref, "vision", **options.boot())
+        est = kv.kv_cosine(ds, ref, "vision", average_layers=options.definitions_for(ds)["average_layers"], **options.boot())
         x, k = _alpha_series(ds, est["cos_k"], sweep)
         _, v = _alpha_series(ds, est["cos_v"], sweep)
         _band(axes[0, 0], x, k, colors[model], model, marker="o")

@@ -22,7 +22,7 @@ from workbench.store import MODALITIES
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
 from .logits import next_token_comparison
-from .streaming import group_sums, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
+from .streaming import group_sums, layer_mean, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
 
 
 def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -66,29 +66,40 @@ def kv_cosine_per_sample(ds: xr.Dataset, reference: str = "baseline") -> xr.Data
 
 def kv_cosine(ds: xr.Dataset, reference: str = "baseline", modality: str = "vision", *, per_layer: bool = False,
               per_sample: bool = False, force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES,
-              seed: int = SEED) -> xr.Dataset:
-    """cos(K′, K) and cos(V′, V) at `modality` tokens per condition (per_layer: and layer), with CIs."""
+              seed: int = SEED, average_layers: str = "all") -> xr.Dataset:
+    """cos(K′, K) and cos(V′, V) at `modality` tokens per condition (per_layer: and layer), with
+    CIs; without per_layer each sample's cosine is averaged over the decoder layers that
+    `average_layers` names (workbench.definitions)."""
     values = kv_cosine_per_sample(ds, reference, force=force, cache=cache).sel(modality=modality, drop=True)
     values = values[["cos_k", "cos_v"]]
     if not per_layer:
-        values = values.mean("decoder_layer")
+        values = layer_mean(values, average_layers)
     values.attrs = {"reference": reference, "modality": modality}
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
 
 
 def kv_substitution(ds: xr.Dataset, real: str = "baseline", blank: str = "blank", hybrid: str = "hybrid",
-                    step: int = 0, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
-    """D_KL(z_real ‖ z_hybrid) (`kl_real_hybrid`) and D_KL(z_blank ‖ z_hybrid) (`kl_blank_hybrid`)."""
+                    step: int = 0, *, self_swap: str | None = "self_swap", per_sample: bool = False,
+                    force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES,
+                    seed: int = SEED) -> xr.Dataset:
+    """D_KL(z_real ‖ z_hybrid) (`kl_real_hybrid`), D_KL(z_blank ‖ z_hybrid) (`kl_blank_hybrid`)
+    and the scale to read them against: D_KL(z_real ‖ z_blank) (`kl_real_blank`), what replacing
+    the whole image moves. Where the store holds the `self_swap` control (the sample as its own
+    donor, which must reproduce the real distribution), also D_KL(z_real ‖ z_self) (`kl_real_self`)."""
     runs = layout(ds, "run")
     missing = [c for c in (real, blank, hybrid) if c not in runs.condition_rows]
     if "logprobs" not in ds.data_vars or missing:
         raise MissingInputs("KV substitution needs logprobs and the conditions "
                             f"{real!r}, {blank!r}, {hybrid!r}" + (f" (missing: {', '.join(missing)})" if missing else ""))
-    out = xr.Dataset({
-        "kl_real_hybrid": next_token_comparison(ds, real, step, [hybrid], force=force, cache=cache)["kl"],
-        "kl_blank_hybrid": next_token_comparison(ds, blank, step, [hybrid], force=force, cache=cache)["kl"],
-    }).sel(condition=hybrid, drop=True)
-    out = out.drop_vars([c for c in out.coords if c != "sample"])
-    out.attrs = {"real": real, "blank": blank, "hybrid": hybrid, "step": step}
+
+    def kl(reference: str, condition: str) -> xr.DataArray:
+        compared = next_token_comparison(ds, reference, step, [condition], force=force, cache=cache)["kl"]
+        compared = compared.sel(condition=condition, drop=True)
+        return compared.drop_vars([c for c in compared.coords if c != "sample"])
+
+    pairs = {"kl_real_hybrid": (real, hybrid), "kl_blank_hybrid": (blank, hybrid), "kl_real_blank": (real, blank)}
+    if self_swap is not None and self_swap in runs.condition_rows:
+        pairs["kl_real_self"] = (real, self_swap)
+    out = xr.Dataset({name: kl(*pair) for name, pair in pairs.items()})
+    out.attrs = {"real": real, "blank": blank, "hybrid": hybrid, "self_swap": self_swap or "", "step": step}
     return out if per_sample else summarize(out, n_resamples=n_resamples, seed=seed)

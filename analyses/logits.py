@@ -87,8 +87,10 @@ def logit_kl(ds: xr.Dataset, reference: str = "baseline", step: int = 0, *, per_
 
 
 def median_rank(ds: xr.Dataset, reference: str = "baseline", step: int = 0, *, per_sample: bool = False,
-                force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                force: bool = False, cache: bool = True, n_resamples: int = N_RESAMPLES, seed: int = SEED,
+                rank_base: int = 0) -> xr.DataArray:
     """Rank under each condition of the reference's top token at `step`: the median over samples
-    with a 95% bootstrap CI of the median (0 = the reference's top token stays on top)."""
-    values = next_token_comparison(ds, reference, step, force=force, cache=cache)["rank"].rename("median_rank")
+    with a 95% bootstrap CI of the median (`rank_base` = the reference's top token stays on top)."""
+    values = next_token_comparison(ds, reference, step, force=force, cache=cache)["rank"] + rank_base
+    values = values.rename("median_rank")
     return values if per_sample else summarize(values, stat="median", n_resamples=n_resamples, seed=seed)

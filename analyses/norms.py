@@ -21,7 +21,7 @@ import pandas as pd
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
-from .residual import residual_geometry
+from .residual import geometry, residual_geometry  # noqa: F401  (residual_geometry: re-exported)
 from .streaming import condition_sort_key  # noqa: F401  (re-exported: workbench.cli uses it from here)
 
 
@@ -82,18 +82,20 @@ def print_norm_table(store: str | Path) -> None:
 
 
 def norm_curves(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.DataArray:
     """Mean token norm ‖h_l‖₂ per (condition, modality, layer) with its bootstrap CI (`stat` dim);
     `per_sample=True`: the per-sample means (condition, sample, modality, layer) instead."""
-    values = residual_geometry(ds, force=force, cache=cache)["norm"].rename("norm")
+    values = geometry(ds, text_set, force=force, cache=cache)["norm"].rename("norm")
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
 
 
 def vision_text_ratio(ds: xr.Dataset, layer: int | None = 0, *, per_sample: bool = False, force: bool = False,
-                      cache: bool = True, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                      cache: bool = True, n_resamples: int = N_RESAMPLES, seed: int = SEED,
+                      text_set: str = "text") -> xr.DataArray:
     """Vision/text norm ratio per condition at `layer` (None: every layer): per sample
-    mean vision norm / mean text norm, then the mean over samples with its bootstrap CI."""
-    norms = residual_geometry(ds, force=force, cache=cache)["norm"]
+    mean vision norm / mean norm of the `text_set` tokens (workbench.definitions), then the mean
+    over samples with its bootstrap CI."""
+    norms = geometry(ds, text_set, force=force, cache=cache)["norm"]
     ratio = (norms.sel(modality="vision", drop=True) / norms.sel(modality="text", drop=True)).rename("norm_ratio")
     if layer is not None:
         ratio = ratio.sel(layer=layer, drop=True)

@@ -18,23 +18,14 @@ from workbench.store import store_info
 
 from .cache import forcing
 from .figures import FigureFile, write_figures
+from .registry import ANALYSES
 from .tables import Options, Table, build_tables, open_models
 
-# (heading: what is measured, the study's claim or None, tables, figures)
-SECTIONS = (
-    ("Vision and text token norms at the LLM input",
-     "vision tokens enter the LLM with higher norms than text tokens (Observation 1)",
-     ["norm-ratio"], ["norms_updates"]),
-    ("First-layer update and rotation by modality",
-     "high norms dilute vision-token updates: the first layer changes vision tokens less, relative to their "
-     "norm, than text tokens (Observation 2)",
-     ["first-update"], ["cosine_to_first"]),
-    ("Text-token trajectories with a real, blank or no image", None, ["correlation"], ["text_curves"]),
-    ("Scaling the projector output (α sweep)", None, ["alpha"], ["kl_vs_alpha", "attention_mass"]),
-    ("Vision-token keys and values under α", None, ["kv-cosine"], ["kv_cosine_vs_alpha"]),
-    ("KV-cache substitution", None, ["kv-substitution"], []),
-    ("Norm growth and update size with depth", None, ["depth"], ["depth"]),
-)
+# (heading: what is measured, the study's claim or None, tables, figures): one section per entry
+# of the analyses registry, in its order
+SECTIONS = tuple((a.section, a.claim, [a.name], list(a.figures)) for a in ANALYSES)
+
+
 def _store_summary(store: Path) -> list[str]:
     info = store_info(store)
     lines = [f"Store `{store}`: {len(info['models'])} model(s).", ""]

@@ -81,3 +81,30 @@ def residual_geometry(ds: xr.Dataset) -> xr.Dataset:
     result["tokens"] = (("condition", "sample", "modality"), tokens)
     result.attrs["model_id"] = ds.attrs.get("model_id", "")
     return result
+
+
+def with_text_set(geometry: xr.Dataset, text_set: str = "text") -> xr.Dataset:
+    """`geometry` with its `text` group defined as `text_set` (workbench.definitions): `text`
+    leaves it as it is; `text+boundary` replaces each sample's text means by the token-weighted
+    mean of its text and boundary means (= the mean over all its non-vision tokens) and adds the
+    counts. The `boundary` group stays as it was."""
+    if text_set == "text":
+        return geometry
+    if text_set != "text+boundary":
+        raise ValueError(f"text_set: got {text_set!r}; expected 'text' or 'text+boundary'")
+    groups = ["text", "boundary"]
+    tokens = geometry["tokens"].sel(modality=groups)
+    out = geometry.copy()
+    for name in METRICS:
+        values = geometry[name].sel(modality=groups)
+        weight = tokens.where(np.isfinite(values), 0)          # a group without a value weighs nothing
+        total = weight.sum("modality")
+        merged = (values.fillna(0) * weight).sum("modality") / total.where(total > 0)
+        out[name] = geometry[name].where(geometry.modality != "text", merged)
+    out["tokens"] = geometry["tokens"].where(geometry.modality != "text", tokens.sum("modality"))
+    return out
+
+
+def geometry(ds: xr.Dataset, text_set: str = "text", *, force: bool = False, cache: bool = True) -> xr.Dataset:
+    """`residual_geometry` (cached) with the text group defined by `text_set`."""
+    return with_text_set(residual_geometry(ds, force=force, cache=cache), text_set)

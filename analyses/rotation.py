@@ -12,19 +12,19 @@ from __future__ import annotations
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
-from .residual import residual_geometry
+from .residual import geometry
 
 
 def cosine_to_first(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                    n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.DataArray:
     """cos(h_l, h_0) per (condition, modality, layer), with CI; per_sample: (…, sample, …)."""
-    values = residual_geometry(ds, force=force, cache=cache)["cos_first"].rename("cos_first")
+    values = geometry(ds, text_set, force=force, cache=cache)["cos_first"].rename("cos_first")
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
 
 
 def cosine_to_previous(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                       n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                       n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.DataArray:
     """cos(h_l, h_{l−1}) per (condition, modality, layer ≥ 1), with CI."""
-    values = residual_geometry(ds, force=force, cache=cache)["cos_prev"]
+    values = geometry(ds, text_set, force=force, cache=cache)["cos_prev"]
     values = values.sel(layer=values.layer >= 1).rename("cos_prev")
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)

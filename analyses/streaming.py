@@ -119,6 +119,8 @@ def _layout(ds: xr.Dataset, dim: str) -> Layout:
     rows = {c: np.flatnonzero(condition == c) for c in conditions}
     sweep: dict[str, dict[str, float]] = {}
     for name in sweep_names:
+        if ds[name].dtype.kind in "UO":  # a sweep of words (kv_swap parts): a label, not a number
+            continue
         values = np.asarray(ds[name].values, dtype=float)
         sweep[name[len(prefix):]] = {c: float(values[r[0]]) for c, r in rows.items() if len(r)}
     return Layout(dim, conditions, samples, rows, sample_code, modality_code, position, token_id, sweep)
@@ -297,3 +299,13 @@ def per_group_dataset(lay: Layout, values: dict[str, np.ndarray], conditions: li
     coords.update(extra_coords)
     coords.update(lay.sweep_coords(conditions))
     return xr.Dataset({name: (dims, value) for name, value in values.items()}, coords=coords)
+
+
+def layer_mean(values: xr.Dataset | xr.DataArray, average_layers: str = "all", dim: str = "decoder_layer"):
+    """The mean over `dim` of the layers `average_layers` names (workbench.definitions): `all`, or
+    `from_1` (layers >= 1: decoder layer 0 left out)."""
+    if average_layers == "from_1":
+        values = values.sel({dim: values[dim] >= 1})
+    elif average_layers != "all":
+        raise ValueError(f"average_layers: got {average_layers!r}; expected 'all' or 'from_1'")
+    return values.mean(dim)

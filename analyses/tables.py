@@ -11,7 +11,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `correlation`     | model                | per compared condition: norm and cosine text-curve r (`correlation.text_curve_correlation`) |
 | `alpha`           | model × α            | norm ratio, attention KL (`attention.vision_attention_kl`), logit KL (`logits.logit_kl`), median rank (`logits.median_rank`) |
 | `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
-| `kv-substitution` | model                | D_KL(real‖hybrid), D_KL(blank‖hybrid) (`kv.kv_substitution`)           |
+| `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
@@ -31,14 +31,17 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
+from workbench.definitions import describe as describe_definitions
+from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
 from . import attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
+from .registry import ANALYSES, NAMES
 from .streaming import as_str, condition_sort_key, layout
 
-TABLES = ("norm-ratio", "first-update", "correlation", "alpha", "kv-cosine", "kv-substitution", "depth")
+TABLES = NAMES  # in the registry's (the study's) order
 
 
 @dataclass
@@ -49,14 +52,22 @@ class Options:
     blank: str = "blank"            # blank image of the same size
     text_only: str = "none"         # image removed
     hybrid: str = "hybrid"          # real image, decoding from the blank image's visual KV cache
+    self_swap: str = "self_swap"    # control: the real image decoding from its own KV cache
+    swaps: tuple[str, ...] = ()     # more KV-swap conditions reported beside `hybrid` (e.g. a parts sweep's)
     sweep: str = "alpha"            # the swept variable of the α tables
     step: int = 0                   # decode step of the KLs and ranks
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
     force: bool = False             # recompute cached analyses
+    # overrides of the definitions a store holds (workbench.definitions): text_set, average_layers, rank_base
+    definitions: dict[str, Any] = field(default_factory=dict)
 
     def boot(self) -> dict[str, Any]:
         return {"n_resamples": self.n_resamples, "seed": self.seed}
+
+    def definitions_for(self, ds: xr.Dataset) -> dict[str, Any]:
+        """The definitions in force for one model: the store's (from its run's spec), then these overrides."""
+        return resolve_definitions(ds.attrs.get("definitions"), self.definitions)
 
 
 @dataclass
@@ -209,11 +220,13 @@ class _Builder:
 
     def run(self, models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]],
             fill: Callable[[str, xr.Dataset], xr.Dataset | None]) -> Table:
+        in_force: dict[str, str] = {}
         for model, ds in models.items():
             lacking = need(ds)
             if lacking:
                 self.missing.append(f"{model}: needs {', '.join(lacking)}")
                 continue
+            in_force[model] = describe_definitions(self.options.definitions_for(ds))
             ds, excluded = without_nonfinite(ds)
             first_row = len(self.table.rows)
             try:
@@ -231,6 +244,10 @@ class _Builder:
             return table
         table.notes.append(_ci_note(self.options, self.counts, medians=table.name == "alpha"))
         table.notes += [f"Not shown: {m}." for m in self.missing]
+        if len(set(in_force.values())) == 1:
+            table.notes.append(next(iter(in_force.values())))
+        else:
+            table.notes += [f"{model}: {line}" for model, line in in_force.items()]
         if self.data:
             table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
                                    combine_attrs="drop_conflicts")
@@ -249,7 +266,8 @@ def norm_ratio_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                  ["model", "vision/text norm ratio"], options)
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        ratio = norms.vision_text_ratio(ds, layer=0, **options.boot()).sel(condition=ref)
+        text_set = options.definitions_for(ds)["text_set"]
+        ratio = norms.vision_text_ratio(ds, layer=0, text_set=text_set, **options.boot()).sel(condition=ref)
         b.table.rows.append([model, estimate(ratio, 2)])
         b.count(model, ratio)
         return ratio.to_dataset(name="norm_ratio")
@@ -276,8 +294,9 @@ def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table
                  ["model", "modality", "‖u₁‖/‖h₀‖", "cos(h₁,h₀)"], options)
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        rel = updates.relative_update(ds, **options.boot()).sel(condition=ref, layer=1)
-        cos = rotation.cosine_to_first(ds, **options.boot()).sel(condition=ref, layer=1)
+        text_set = options.definitions_for(ds)["text_set"]
+        rel = updates.relative_update(ds, text_set=text_set, **options.boot()).sel(condition=ref, layer=1)
+        cos = rotation.cosine_to_first(ds, text_set=text_set, **options.boot()).sel(condition=ref, layer=1)
         for modality in [m for m in ("vision", "text") if m in _modalities(ds, ref)]:
             b.table.rows.append([model, modality.capitalize(), estimate(rel.sel(modality=modality), 2),
                                  estimate(cos.sel(modality=modality), 2)])
@@ -305,7 +324,8 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        r = correlation.text_curve_correlation(ds, ref, present, **options.boot())
+        text_set = options.definitions_for(ds)["text_set"]
+        r = correlation.text_curve_correlation(ds, ref, present, text_set=text_set, **options.boot())
         row = [model]
         for c in present:
             for metric in ("norm", "cosine"):
@@ -337,11 +357,13 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         conditions = _sweep_conditions(ds, sweep)
         names = [c for c, _, _ in conditions]
+        defs = options.definitions_for(ds)
         parts = {
-            "norm_ratio": norms.vision_text_ratio(ds, layer=0, **options.boot()),
-            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, **options.boot()),
+            "norm_ratio": norms.vision_text_ratio(ds, layer=0, text_set=defs["text_set"], **options.boot()),
+            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, average_layers=defs["average_layers"],
+                                                          **options.boot()),
             "logit_kl": logits.logit_kl(ds, ref, options.step, **options.boot()),
-            "median_rank": logits.median_rank(ds, ref, options.step, **options.boot()),
+            "median_rank": logits.median_rank(ds, ref, options.step, rank_base=defs["rank_base"], **options.boot()),
         }
         parts = {k: v.reindex(condition=names) for k, v in parts.items()}
         for condition, _, label in conditions:
@@ -367,7 +389,9 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         conditions = _sweep_conditions(ds, sweep)
-        data = kv.kv_cosine(ds, ref, "vision", **options.boot()).reindex(condition=[c for c, _, _ in conditions])
+        average_layers = options.definitions_for(ds)["average_layers"]
+        data = kv.kv_cosine(ds, ref, "vision", average_layers=average_layers, **options.boot())
+        data = data.reindex(condition=[c for c, _, _ in conditions])
         for condition, _, label in conditions:
             row = data.sel(condition=condition)
             b.table.rows.append([model, label, estimate(row["cos_k"], 3), estimate(row["cos_v"], 3)])
@@ -378,18 +402,40 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:
-    real, blank, hybrid = options.reference, options.blank, options.hybrid
-    b = _Builder("kv-substitution", f"KV-cache substitution ({hybrid}: {real} image decoding from the {blank} "
-                 f"image's visual KV cache; step {options.step})",
-                 ["model", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)"], options)
+    real, blank, own = options.reference, options.blank, options.self_swap
+    swaps = list(dict.fromkeys((options.hybrid, *options.swaps)))
+    b = _Builder("kv-substitution", f"KV-cache substitution ({', '.join(swaps)}: {real} image decoding from the "
+                 f"{blank} image's KV cache; step {options.step})",
+                 ["model", "condition", "D_KL(z_real ‖ z_hybrid)", "D_KL(z_blank ‖ z_hybrid)", "D_KL(z_real ‖ z_blank)",
+                  "D_KL(z_real ‖ z_self)"], options)
+
+    def present(ds: xr.Dataset) -> list[str]:
+        return [c for c in swaps if c in layout(ds, "run").conditions]
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("logprobs",), (real, blank))
+        if not present(ds):
+            lacking.append(f"condition {' or '.join(repr(c) for c in swaps)}")
+        return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        data = kv.kv_substitution(ds, real, blank, hybrid, options.step, **options.boot())
-        b.table.rows.append([model, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3)])
-        b.count(model, data["kl_real_hybrid"])
-        return data
+        rows = []
+        for hybrid in present(ds):
+            data = kv.kv_substitution(ds, real, blank, hybrid, options.step, self_swap=own, **options.boot())
+            control = estimate(data["kl_real_self"], 3) if "kl_real_self" in data else "n/a"
+            b.table.rows.append([model, hybrid, estimate(data["kl_real_hybrid"], 3), estimate(data["kl_blank_hybrid"], 3),
+                                 estimate(data["kl_real_blank"], 3), control])
+            b.count(model, data["kl_real_hybrid"])
+            rows.append(data.expand_dims(condition=[hybrid]))
+        return xr.concat(rows, dim="condition", join="outer")
 
-    return b.run(models, lambda ds: _missing(ds, ("logprobs",), (real, blank, hybrid)), fill)
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, f"z_hybrid: the row's condition. D_KL(z_real ‖ z_blank) is the scale the hybrid KLs read "
+                              f"against (the whole image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the "
+                              "sample as its own donor), which must be 0 up to float round-off (n/a: no such condition "
+                              "stored).")
+    return table
 
 
 def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -431,15 +477,8 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     return table
 
 
-BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {
-    "norm-ratio": norm_ratio_table,
-    "first-update": first_update_table,
-    "correlation": correlation_table,
-    "alpha": alpha_table,
-    "kv-cosine": kv_cosine_table,
-    "kv-substitution": kv_substitution_table,
-    "depth": depth_table,
-}
+# name -> builder, from the analyses registry (each entry names its builder in this module)
+BUILDERS: dict[str, Callable[[dict[str, xr.Dataset], Options], Table]] = {a.name: globals()[a.table] for a in ANALYSES}
 
 
 def open_models(store: str | Path, models: list[str] | None = None) -> dict[str, xr.Dataset]:

@@ -12,23 +12,23 @@ from __future__ import annotations
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
-from .residual import residual_geometry
+from .residual import geometry
 
 
 def _metric(ds: xr.Dataset, name: str, per_sample: bool, force: bool, cache: bool, n_resamples: int,
-            seed: int) -> xr.DataArray:
-    values = residual_geometry(ds, force=force, cache=cache)[name]
+            seed: int, text_set: str = "text") -> xr.DataArray:
+    values = geometry(ds, text_set, force=force, cache=cache)[name]
     values = values.sel(layer=values.layer >= 1).rename(name)
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
 
 
 def absolute_update(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                    n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.DataArray:
     """‖h_l − h_{l−1}‖₂ per (condition, modality, layer ≥ 1), with CI; per_sample: (…, sample, …)."""
-    return _metric(ds, "update", per_sample, force, cache, n_resamples, seed)
+    return _metric(ds, "update", per_sample, force, cache, n_resamples, seed, text_set)
 
 
 def relative_update(ds: xr.Dataset, *, per_sample: bool = False, force: bool = False, cache: bool = True,
-                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+                    n_resamples: int = N_RESAMPLES, seed: int = SEED, text_set: str = "text") -> xr.DataArray:
     """‖h_l − h_{l−1}‖₂ / ‖h_{l−1}‖₂ per (condition, modality, layer ≥ 1), with CI."""
-    return _metric(ds, "relative_update", per_sample, force, cache, n_resamples, seed)
+    return _metric(ds, "relative_update", per_sample, force, cache, n_resamples, seed, text_set)

@@ -345,6 +345,9 @@ def test_kv_substitution_matches_scipy(store, model):
         z = {c: np.exp(logprobs[row[(c, sample)], 0]) for c in ("baseline", "blank", "hybrid")}
         assert float(got["kl_real_hybrid"].sel(sample=sample)) == pytest.approx(entropy(z["baseline"], z["hybrid"]), rel=1e-5)
         assert float(got["kl_blank_hybrid"].sel(sample=sample)) == pytest.approx(entropy(z["blank"], z["hybrid"]), rel=1e-5)
+        # the scale the two hybrid KLs are read against: the whole image replaced
+        assert float(got["kl_real_blank"].sel(sample=sample)) == pytest.approx(entropy(z["baseline"], z["blank"]), rel=1e-5)
+    assert "kl_real_self" not in got  # the synthetic store holds no self-swap control
     summary = kv.kv_substitution(ds)
     assert value(summary["kl_real_hybrid"]) == pytest.approx(float(got["kl_real_hybrid"].mean()))
     with pytest.raises(LookupError, match="missing: other"):

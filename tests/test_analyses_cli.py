@@ -136,7 +136,7 @@ def test_analyze_prints_every_table_with_the_api_numbers_and_caches(analysed, ca
     assert "| model | modality | ‖u₁‖/‖h₀‖ | cos(h₁,h₀) |" in out
     assert "| model | α | vision/text norm ratio | attention KL | logit KL | median rank |" in out
     assert "| model | α | cos(K′,K) | cos(V′,V) |" in out
-    assert "| model | D_KL(z_real ‖ z_hybrid) | D_KL(z_blank ‖ z_hybrid) |" in out
+    assert "| model | condition | D_KL(z_real ‖ z_hybrid) | D_KL(z_blank ‖ z_hybrid) | D_KL(z_real ‖ z_blank) | D_KL(z_real ‖ z_self) |" in out
     # every α of the store, for every model that has the inputs
     for alpha in ("0.1", "1", "3"):
         assert f"| {FULL} | {alpha} |" in out and f"| {PARTIAL} | {alpha} |" in out

@@ -151,6 +151,44 @@ def test_add_vector_at_layer(load_tiny, name):
 
 
 @pytest.mark.parametrize("name", VLMS)
+def test_add_random_direction_of_matched_or_given_norm(load_tiny, name):
+    """direction: random adds n_t·u: u a unit Gaussian direction drawn from the seed (here drawn
+    again with numpy's Generator, normalized by hand), n_t the token's own ‖x_t‖ (matched) or a
+    given norm; the same seed reproduces it, another seed does not."""
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  matched: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7}]}
+  again: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7}]}
+  other: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 8}]}
+  given: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7, norm: 2.5, factor: 0.5}]}
+  swept:
+    sweep: {s: [7.0, 8.0]}
+    interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: $s}]""")
+    runs = {c: run(model, plan, c)[0].tokens["hidden"] for c in ("matched", "again", "other", "given", "s=7.0")}
+    inputs = LazyInputs(model, SAMPLE)
+    text = np.flatnonzero(inputs["real"].modality == "text")
+    clean, _ = hooked_residuals(model, inputs["real"].encoding)
+    g = np.random.Generator(np.random.PCG64(7)).normal(size=model.info.hidden_size)
+    u = g / np.sqrt((g * g).sum())
+    added = runs["matched"][text, 1] - clean[text, 1]           # layer 1 = the stream entering decoder layer 1
+    target = np.linalg.norm(clean[text, 1], axis=-1)
+    np.testing.assert_allclose(np.linalg.norm(added, axis=-1), target, rtol=1e-4)
+    np.testing.assert_allclose(added / target[:, None], np.broadcast_to(u, added.shape), atol=1e-4)
+    given = runs["given"][text, 1] - clean[text, 1]
+    np.testing.assert_allclose(np.linalg.norm(given, axis=-1), 0.5 * 2.5, rtol=1e-4)
+    # the whole stream against plain pre-hooks adding the same vector
+    layer1 = decoder(model).layers[1]
+    step = lambda x: x + x.norm(dim=-1, keepdim=True) * torch.as_tensor(u, dtype=x.dtype)
+    ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(pre=[(layer1, pre_hook_edit(torch.as_tensor(text), step))]))
+    np.testing.assert_allclose(runs["matched"], ref, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(runs["matched"], runs["again"])
+    np.testing.assert_array_equal(runs["matched"], runs["s=7.0"])   # a swept seed is the same seed
+    assert np.abs(runs["other"] - runs["matched"]).max() > 1e-3
+    others = np.setdiff1d(np.arange(len(inputs["real"].modality)), text)
+    np.testing.assert_allclose(runs["matched"][others, 1], clean[others, 1], atol=ATOL)
+
+
+@pytest.mark.parametrize("name", VLMS)
 def test_patch_and_add_direction_from_blank(load_tiny, name):
     model = load_tiny(name)
     plan = plan_for(model, """\
@@ -238,9 +276,9 @@ def test_logprobs_generation_attention_and_kv_match_transformers(load_tiny, name
 # ------------------------------------------------------------------------------ KV swap
 
 
-def _reference_hybrid(model, real, blank, positions, layers):
-    """Plain transformers: prefill all but the last token for real and blank, copy blank's K/V at
-    `positions` into real's cache, run the last token as a decode step."""
+def _reference_hybrid(model, real, blank, positions, layers, parts=("keys", "values")):
+    """Plain transformers: prefill all but the last token for real and blank, copy blank's K/V
+    (only `parts` of them) at `positions` into real's cache, run the last token as a decode step."""
     def prefill(inputs):
         cache = DynamicCache()
         enc = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v) for k, v in inputs.encoding.items()}
@@ -251,8 +289,10 @@ def _reference_hybrid(model, real, blank, positions, layers):
     cache, donor = prefill(real), prefill(blank)
     with torch.inference_mode():
         for l in layers:
-            cache.layers[l].keys[:, :, positions] = donor.layers[l].keys[:, :, positions]
-            cache.layers[l].values[:, :, positions] = donor.layers[l].values[:, :, positions]
+            if "keys" in parts:
+                cache.layers[l].keys[:, :, positions] = donor.layers[l].keys[:, :, positions]
+            if "values" in parts:
+                cache.layers[l].values[:, :, positions] = donor.layers[l].values[:, :, positions]
         out = model.hf(input_ids=torch.as_tensor(real.input_ids[-1:]).view(1, 1), cache=cache, use_cache=True)
     return torch.log_softmax(out.logits[0, -1], -1).numpy()
 
@@ -290,6 +330,83 @@ def test_kv_swap(load_tiny, name):
     assert np.isfinite(lp(from_halved)).all()
     assert np.abs(lp(from_halved) - lp(base)).max() > 1e-4
     np.testing.assert_allclose(from_halved.tokens["hidden"][:-1], base.tokens["hidden"][:-1], atol=ATOL)
+
+
+@pytest.mark.parametrize("name", VLMS)
+def test_kv_swap_parts_and_layer_window_match_plain_cache_edits(load_tiny, name):
+    """Swapping only keys / only values / a layer window equals the same edit of a plain
+    transformers DynamicCache; the self-swap control equals the baseline; the stored cache of a
+    window swap holds the donor's K/V only in the window's layers."""
+    model = load_tiny(name, attn="sdpa")
+    plan = plan_for(model, """\
+  baseline: {}
+  blank: {image: blank}
+  self_swap: {kv_swap: {donor: baseline}}
+  keys_only: {kv_swap: {donor: blank, parts: [keys]}}
+  values_only: {kv_swap: {donor: blank, parts: [values]}}
+  window: {kv_swap: {donor: blank, layers: [1]}}""", "[{site: logits}, {site: keys}, {site: values}]")
+    runs = {c: run(model, plan, c)[0] for c in ("baseline", "blank", "self_swap", "keys_only", "values_only", "window")}
+    inputs = LazyInputs(model, SAMPLE)
+    lp = {c: r.run["logprobs"][0, 0] for c, r in runs.items()}
+    np.testing.assert_allclose(lp["self_swap"], lp["baseline"], atol=ATOL)
+    vision = np.flatnonzero(inputs["real"].modality == "vision")
+    every = range(model.n_layers)
+    for condition, layers, parts in (("keys_only", every, ("keys",)), ("values_only", every, ("values",)),
+                                     ("window", [1], ("keys", "values"))):
+        ref = _reference_hybrid(model, inputs["real"], inputs["blank"], torch.as_tensor(vision), layers, parts)
+        np.testing.assert_allclose(lp[condition], ref, atol=ATOL)
+        assert np.abs(lp[condition] - lp["baseline"]).max() > 1e-4  # each swap changes the distribution
+    assert np.abs(lp["keys_only"] - lp["values_only"]).max() > 1e-4
+    # the stored cache (rows before the last token): blank's K/V at vision rows of layer 1 only
+    n = inputs["real"].n_tokens
+    window, base, blank = (runs[c].tokens for c in ("window", "baseline", "blank"))
+    for part in ("keys", "values"):
+        np.testing.assert_allclose(window[part][vision, 1], blank[part][vision, 1], atol=ATOL)
+        np.testing.assert_allclose(window[part][vision, 0], base[part][vision, 0], atol=ATOL)
+        others = np.setdiff1d(np.arange(n - 1), vision)
+        np.testing.assert_allclose(window[part][others], base[part][others], atol=ATOL)
+        assert np.abs(blank[part][vision, 1] - base[part][vision, 1]).max() > 1e-4  # the check can fail
+    # a keys-only swap leaves every stored value the real run's, and vice versa
+    np.testing.assert_allclose(runs["keys_only"].tokens["values"][: n - 1], base["values"][: n - 1], atol=ATOL)
+    np.testing.assert_allclose(runs["values_only"].tokens["keys"][: n - 1], base["keys"][: n - 1], atol=ATOL)
+    assert plan.condition("keys_only").kv_swap.parts == ("keys",)
+    assert "parts=('values',)" in plan.condition("values_only").store_attrs()["kv_swap"]
+
+
+def test_kv_swap_parts_and_layers_sweep_into_conditions_and_store_labels(tmp_path, workbench_cache):
+    """`parts: $p` over part sets and `layers: [$l]` expand like numeric sweeps: one condition per
+    combination, each with its own swap; the store labels them (`p` a word, `l` a number) and
+    its condition attrs say what was swapped."""
+    from workbench.runner import run_spec
+
+    text = f"""\
+name: sweep
+models: [tiny-qwen3vl]
+data: {{source: builtin, n: 1}}
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  swap:
+    sweep: {{p: [keys, keys+values], l: [0, 1]}}
+    kv_swap: {{donor: blank, parts: $p, layers: [$l]}}
+capture: [{{site: logits}}]
+store: {{path: {tmp_path / 'sweep.zarr'}}}
+"""
+    spec = parse_spec(text)
+    swaps = {i.name: i.kv_swap for i in spec.expand_conditions() if i.kv_swap}
+    assert sorted(swaps) == ["p=keys+values,l=0.0", "p=keys+values,l=1.0", "p=keys,l=0.0", "p=keys,l=1.0"]
+    assert swaps["p=keys,l=1.0"].parts == ["keys"] and swaps["p=keys,l=1.0"].layers == [1]
+    assert swaps["p=keys+values,l=0.0"].parts == ["keys", "values"]
+    run_spec(spec, device="cpu", dtype="float32", progress=False, log=lambda *_: None)
+    import workbench
+
+    ds = workbench.open_store(tmp_path / "sweep.zarr", model="tiny-qwen3vl", index=False)
+    by_condition = dict(zip(ds.run_condition.values.astype(str), zip(ds.run_p.values.astype(str), ds.run_l.values)))
+    assert by_condition["p=keys,l=1.0"] == ("keys", 1.0)
+    assert by_condition["baseline"][0] == "" and np.isnan(by_condition["baseline"][1])
+    stored = workbench.store_info(tmp_path / "sweep.zarr")["models"]["tiny-qwen3vl"]["conditions"]["p=keys,l=1.0"]
+    assert stored["sweep"] == {"p": "keys", "l": 1.0}
+    assert "layers=(1,)" in stored["identity"]["kv_swap"] and "parts=('keys',)" in stored["identity"]["kv_swap"]
 
 
 # ------------------------------------------------------------------------------ non-finite captures

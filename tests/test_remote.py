@@ -5,8 +5,8 @@ import and builtin whitelist like NDIF's, and does not have `workbench` or `anal
 the workbench runs there must travel by value in the payload and pass the whitelist, as on NDIF. Client models are
 meta `TransformersModel`s (no weights); the server's are built from the model key, as NDIF does.
 
-- the same spec run locally and remotely gives identical stores (every intervention kind, every
-  capture, generate 2) on tiny-llama and tiny-qwen3vl, through the SANDBOXED server (NDIF's module
+- the same spec run locally and remotely gives identical stores (every intervention kind (a seeded random `add` too), KV swaps
+  of keys only / values only / a layer window included, every capture, generate 2) on tiny-llama and tiny-qwen3vl, through the SANDBOXED server (NDIF's module
   and builtin whitelist, keys, version rule: tests/ndif_sandbox.py); nnsight's own
   `remote="local"` path too;
 - one job per sample; what the backend relies on in nnsight/cloudpickle (contract tests);
@@ -76,7 +76,9 @@ def conditions_for(name: str) -> str:
   addvec: {{interventions: [{{kind: add, site: layer, layers: [1, 2], positions: all, vector: {vec}, factor: 0.5}}]}}
   adddir: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, direction_from: scaled}}]}}
   patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: [0, 1, 2], from: scaled}}]}}
-  hybrid: {{kv_swap: {{donor: scaled, positions: [0, 1, 2], layers: all}}}}"""
+  hybrid: {{kv_swap: {{donor: scaled, positions: [0, 1, 2], layers: all}}}}
+  keyswin: {{kv_swap: {{donor: scaled, positions: [0, 1, 2], layers: [1], parts: [keys]}}}}
+  addrand: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, direction: random, seed: 3}}]}}"""
     return f"""
   baseline: {{}}
   blank: {{image: blank}}
@@ -87,7 +89,10 @@ def conditions_for(name: str) -> str:
   addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: text, vector: {vec}, factor: 0.5}}]}}
   adddir: {{interventions: [{{kind: add, site: layer, layers: [1], positions: vision, direction_from: blank}}]}}
   patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: vision, from: blank}}]}}
-  hybrid: {{kv_swap: {{donor: blank, positions: vision, layers: all}}}}"""
+  hybrid: {{kv_swap: {{donor: blank, positions: vision, layers: all}}}}
+  valswap: {{kv_swap: {{donor: blank, parts: [values]}}}}
+  keyswin: {{kv_swap: {{donor: blank, layers: [1], parts: [keys]}}}}
+  addrand: {{interventions: [{{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 3, norm: 2.0}}]}}"""
 
 
 def full_spec(name: str, store: Path, n: int) -> str:

@@ -310,7 +310,7 @@ BAD_SPECS = {
         mutate("direction_from: blank, ", ""),
         "conditions.grid.interventions[0]",
         19,
-        "neither of 'vector' and 'direction_from' given; expected exactly one of them",
+        "none of 'vector', 'direction_from', 'direction' given; expected exactly one of them",
     ),
     "list where mapping expected": (mutate("store: {path: stores/probe.zarr}", "store: [stores/probe.zarr]"), "store", 30, "got a list; expected a mapping"),
     "models not a list": (
@@ -361,7 +361,7 @@ def test_every_problem_is_listed():
         "  bad.yaml:6: data.n: got -1 (int); expected an integer >= 1",
         "  bad.yaml:28: capture[1].site: got 'nope' (str); expected one of " + ", ".join(f"'{s}'" for s in KNOWN_SITES),
         "  bad.yaml:32: junk: unknown field 'junk'; expected one of: name, description, models, data, conditions, "
-        "capture, generate, store, backend",
+        "capture, generate, store, backend, analysis",
     ]
 
 
@@ -538,3 +538,55 @@ def test_capturable_and_editable_sites_agree_with_the_plan():
 
     assert spec.EDITABLE_SITES == interventions.EDITABLE_SITES
     assert plan.CAPTURE_SITES is spec.CAPTURE_SITES
+
+
+# --------------------------------------------------------------------------- kv_swap parts/layers, random add
+
+_SWAP_BASE = """\
+name: t
+models: [tiny-qwen3vl]
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  c:
+{body}
+capture: [{{site: logits}}]
+store: {{path: x.zarr}}
+"""
+
+NEW_FIELD_ERRORS = {
+    "unknown part": ("    kv_swap: {donor: blank, parts: [key]}", "conditions.c.kv_swap.parts[0]",
+                     "got 'key' (str) (did you mean 'keys'?); expected one of 'keys', 'values'"),
+    "empty parts": ("    kv_swap: {donor: blank, parts: []}", "conditions.c.kv_swap.parts",
+                    "got an empty list; expected a list of 'keys', 'values'"),
+    "numbers for a parts sweep": ("    sweep: {p: [1.0]}\n    kv_swap: {donor: blank, parts: $p}", "conditions.c.sweep.p",
+                                  "expected every value of 'p' to be a kv_swap part set"),
+    "unknown part set": ("    sweep: {p: [keys, value]}\n    kv_swap: {donor: blank, parts: $p}", "conditions.c.sweep.p[1]",
+                         "got 'value' (str) (did you mean 'values'?); expected a number or one of 'keys', 'values', 'keys+values'"),
+    "fractional layer sweep": ("    sweep: {l: [0.5]}\n    kv_swap: {donor: blank, layers: [$l]}", "conditions.c.sweep.l",
+                               "expected every value of 'l' to be a layer index (an integer >= 0)"),
+    "undefined layer var": ("    kv_swap: {donor: blank, layers: [$l]}", "conditions.c.kv_swap.layers[0]", "'$l' is not defined"),
+    "random and a vector": ("    interventions: [{kind: add, site: layer, direction: random, vector: [1.0]}]",
+                            "conditions.c.interventions[0]",
+                            "'vector' and 'direction' of 'vector', 'direction_from', 'direction' given; expected exactly one"),
+    "unknown direction": ("    interventions: [{kind: add, site: layer, direction: randn}]",
+                          "conditions.c.interventions[0].direction", "(did you mean 'random'?); expected one of 'random'"),
+    "negative seed": ("    interventions: [{kind: add, site: layer, direction: random, seed: -1}]",
+                      "conditions.c.interventions[0].seed", "got -1 (int); expected a seed (an integer >= 0)"),
+    "seed without random": ("    interventions: [{kind: add, site: layer, vector: [1.0], seed: 3}]",
+                            "conditions.c.interventions[0].seed", "'seed' is only used with 'direction: random'"),
+    "zero norm": ("    interventions: [{kind: add, site: layer, direction: random, norm: 0}]",
+                  "conditions.c.interventions[0].norm", "got 0 (int); expected a number > 0, 'matched'"),
+    "fractional seed sweep": ("    sweep: {s: [1.5]}\n    interventions: [{kind: add, site: layer, direction: random, seed: $s}]",
+                              "conditions.c.sweep.s", "expected every value of 's' to be a seed (an integer >= 0)"),
+    "negative norm sweep": ("    sweep: {n: [1.0, -2.0]}\n    interventions: [{kind: add, site: layer, direction: random, norm: $n}]",
+                            "conditions.c.sweep.n", "expected every value of 'n' to be a number > 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_FIELD_ERRORS), ids=list(NEW_FIELD_ERRORS))
+def test_kv_swap_parts_layers_and_random_add_errors_name_the_field(case):
+    body, field, phrase = NEW_FIELD_ERRORS[case]
+    problem = single_problem(_SWAP_BASE.format(body=body))
+    assert problem.field == field
+    assert phrase in problem.message

@@ -57,13 +57,13 @@ def test_study_stores_hold_what_the_analyses_need(study_stores):
     one = alpha.logprobs.sel(run_condition="alpha=1.0").values
     np.testing.assert_allclose(one, alpha.logprobs.sel(run_condition="baseline").values, atol=1e-6)
     swap = workbench.open_store(study_stores["kv_swap"], model="tiny-qwen3vl")
-    assert set(swap.run_condition.values) == {"baseline", "blank", "hybrid"}
+    assert set(swap.run_condition.values) == {"baseline", "blank", "self_swap", "hybrid"}
 
 
 def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores, tmp_path):
     """On stores the runner wrote: alpha = 1 gives logit KL 0 and median rank 0; a KV swap with the
     condition as its own donor gives KL 0 (to float32 round-off), a blank donor does not."""
-    from analyses import logits
+    from analyses import kv, logits
 
     for model in ("tiny-smolvlm", "tiny-qwen3vl"):
         ds = workbench.open_store(study_stores["alpha_sweep"], model=model)
@@ -82,6 +82,14 @@ def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores
         kl = logits.logit_kl(workbench.open_store(store, model=model), "baseline").sel(stat="value")
         assert abs(float(kl.sel(condition="self"))) < 1e-6
         assert float(kl.sel(condition="hybrid")) > 1e-6
+        # the spec's own control (donor: baseline) is null too, and the table reports it beside KL(real‖blank)
+        assert abs(float(kl.sel(condition="self_swap"))) < 1e-6
+        ds = workbench.open_store(store, model=model)
+        swap = kv.kv_substitution(ds, per_sample=True)
+        assert float(abs(swap["kl_real_self"]).max()) < 1e-6
+        blank = logits.logit_kl(ds, "baseline", per_sample=True).sel(condition="blank")
+        np.testing.assert_allclose(swap["kl_real_blank"].values, blank.sel(sample=swap.sample).values)
+        assert float(swap["kl_real_blank"].min()) > 0
 
 
 def test_analyze_a_runner_store_where_torch_cannot_be_imported(study_stores, tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .records import Record
@@ -84,6 +85,11 @@ class Intervention(Record):
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         raise NotImplementedError
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Intervention":
+        """The runtime intervention of a validated spec entry; `common`: site, positions, layers."""
+        return cls(**common)
+
 
 class Scale(Intervention):
     """Multiply the site's value by `factor` at the selected positions (on `projector`: the
@@ -94,6 +100,10 @@ class Scale(Intervention):
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return x * self.factor
+
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Scale":
+        return cls(**common, factor=float(raw.factor))
 
 
 class Zero(Intervention):
@@ -117,14 +127,29 @@ class Normalize(Intervention):
         norm = x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         return x * (float(self.target) / norm)
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Normalize":
+        return cls(**{**common, "positions": "all"}, target=raw.target)  # every projector row
+
+
+def random_direction(seed: int, width: int) -> np.ndarray:
+    """The unit direction of `add` with `direction: random`: g / ‖g‖ with g ~ N(0, I_width) drawn
+    by numpy's PCG64 generator from `seed`, in float64: the same vector on any device or dtype."""
+    g = np.random.default_rng(int(seed)).standard_normal(int(width))
+    return g / np.linalg.norm(g)
+
 
 class Add(Intervention):
     """Add `factor` x a vector at the selected positions. The vector is given (`vector`, length
-    = the site's width) or taken from another condition (`source`): the mean, over the selected
-    positions, of (source's value - this condition's value without this edit)."""
+    = the site's width), taken from another condition (`source`): the mean, over the selected
+    positions, of (source's value - this condition's value without this edit), or, as a control
+    for both, random (`direction == "random"`): n_t · u with u = `random_direction(seed, width)`
+    (one direction for every position and layer) and n_t = `norm`, or with norm "matched" the
+    token's own ‖x_t‖ at the site, so the edit has the size of the value it edits."""
 
-    _fields = Intervention._fields + ("factor", "vector", "source", "bound")
-    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None}
+    _fields = Intervention._fields + ("factor", "vector", "source", "direction", "seed", "norm", "bound")
+    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None, "direction": None,
+                 "seed": 0, "norm": "matched"}
     _factories = {"bound": dict}
     _hidden = ("bound",)
 
@@ -132,12 +157,27 @@ class Add(Intervention):
         directions = {k: (values[k] - own[k]).mean(dim=0) for k in values}
         return self.replace(bound=directions)
 
+    def random_step(self, x: torch.Tensor) -> torch.Tensor:
+        """n_t · u for every row of x (before `factor`)."""
+        u = torch.as_tensor(random_direction(self.seed, x.shape[-1]), device=x.device).to(x.dtype)
+        size = x.norm(dim=-1, keepdim=True) if self.norm == "matched" else float(self.norm)
+        return size * u
+
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        if self.direction == "random":
+            return x + self.factor * self.random_step(x)
         if self.source is None:
             direction = torch.tensor(self.vector, dtype=x.dtype, device=x.device)
         else:
             direction = self.bound[layer].to(x.device, x.dtype)
         return x + self.factor * direction
+
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Add":
+        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
+        norm = raw.norm if raw.norm == "matched" else float(raw.norm)
+        return cls(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
+                   direction=raw.direction, seed=int(raw.seed), norm=norm)
 
 
 class Patch(Intervention):
@@ -155,26 +195,34 @@ class Patch(Intervention):
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return self.bound[layer].to(x.device, x.dtype).reshape(x.shape)
 
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Patch":
+        return cls(**common, source=raw.from_)
+
 
 def needs_source(item: Any) -> str | None:
     """The condition whose values `item` needs before it can run, if any."""
     return getattr(item, "source", None)
 
 
+# The runtime half of the intervention registry: kind -> the class that runs it. The spec half
+# (kind -> spec model) is `workbench.spec.INTERVENTION_SPECS`; `workbench.plan.intervention_registry()`
+# joins the two (not here: this module travels to NDIF, where the spec's pydantic cannot). Adding
+# a kind is: a spec model there, a class here with `edit` and `from_spec`, one entry in each map.
+RUNTIME: dict[str, type[Intervention]] = {
+    "scale": Scale,
+    "zero": Zero,
+    "add": Add,
+    "patch": Patch,
+    "normalize": Normalize,
+}
+
+
 def build_intervention(raw: Any, layers: tuple[int, ...] | None) -> Intervention:
     """An intervention from a validated spec entry (sweep variables already substituted)."""
+    if raw.kind not in RUNTIME:
+        raise ValueError(f"unknown intervention kind {raw.kind!r}; expected one of {', '.join(RUNTIME)}")
     positions = getattr(raw, "positions", "all")
     positions = positions if isinstance(positions, str) else tuple(positions)
     common = {"site": raw.site, "positions": positions, "layers": layers}
-    if raw.kind == "scale":
-        return Scale(**common, factor=float(raw.factor))
-    if raw.kind == "zero":
-        return Zero(**common)
-    if raw.kind == "normalize":
-        return Normalize(**{**common, "positions": "all"}, target=raw.target)
-    if raw.kind == "add":
-        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
-        return Add(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from)
-    if raw.kind == "patch":
-        return Patch(**common, source=raw.from_)
-    raise ValueError(f"unknown intervention kind {raw.kind!r}")
+    return RUNTIME[raw.kind].from_spec(raw, common)

@@ -11,11 +11,19 @@ from typing import Any
 
 from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
 from .records import Record
-from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
+from .interventions import EDITABLE_SITES, PROJECTOR_SITES, RUNTIME, build_intervention, needs_source
 from .sites import VISION_SITES
-from .spec import CAPTURE_SITES, SpecError
+from .spec import CAPTURE_SITES, INTERVENTION_SPECS, SpecError
 
 SpecPath = tuple[Any, ...]
+
+
+def intervention_registry() -> dict[str, tuple[type, type]]:
+    """The intervention registry: kind -> (spec model, runtime class), in the spec's order, joined
+    from `spec.INTERVENTION_SPECS` and `interventions.RUNTIME`; a kind only one half knows is refused."""
+    if list(INTERVENTION_SPECS) != list(RUNTIME):
+        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
+    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
 
 
 class PlanError(SpecError):
@@ -23,10 +31,12 @@ class PlanError(SpecError):
 
 
 class KVSwapPlan(Record):
-    """Decode-time KV substitution: the donor's K/V at `positions` of `layers` replace this
-    condition's before the last prompt token runs (see `workbench.backends.local`)."""
+    """Decode-time KV substitution: the donor's `parts` ("keys", "values" or both) at `positions`
+    of `layers` replace this condition's before the last prompt token runs (see
+    `workbench.backends.local`). Its repr, stored in the condition's attrs, says what was swapped."""
 
-    _fields = ("donor", "positions", "layers")
+    _fields = ("donor", "positions", "layers", "parts")
+    _defaults = {"parts": ("keys", "values")}
 
 
 class ConditionPlan(Record):
@@ -176,7 +186,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                           "another model; expected no kv_swap for this model")
             layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
             positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
-            kv_swap = KVSwapPlan(swap.donor, positions, layers)
+            kv_swap = KVSwapPlan(swap.donor, positions, layers, tuple(swap.parts))
             if not capture.decoding:
                 check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
                           "capture of logits or attention to see it")

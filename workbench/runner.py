@@ -11,6 +11,7 @@ import contextlib
 import datetime as _dt
 import importlib.metadata as _md
 import itertools
+import json
 import logging
 import os
 import platform
@@ -330,7 +331,10 @@ class _Run:
                 model = self.remote_models.get(model_id) or _load_model(
                     plan, self.device, self.dtype, "sdpa", self.remote_config, self.log,
                     getattr(self.spec.backend, "device_map", None))
-                self.store.ensure_model(model_id, model.describe())
+                # the analysis definitions the spec chose travel with the data (workbench.definitions);
+                # a JSON string, as netCDF attributes cannot hold a mapping (ds.to_netcdf)
+                definitions = json.dumps(self.spec.analysis.model_dump(), sort_keys=True)
+                self.store.ensure_model(model_id, {**model.describe(), "definitions": definitions})
             inputs_by_image = LazyInputs(model, sample)
             conditions = [condition for _, _, condition in group]
             if self.first is not None and self.first[0] == (model_id, sample.id):

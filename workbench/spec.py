@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from .errors import BadInputError
 from .models.architectures import tiny_architectures
 from .names import reserved_name_problem
@@ -59,6 +60,7 @@ __all__ = [
     "GenerateSpec",
     "StoreSpec",
     "BackendSpec",
+    "AnalysisSpec",
     "load_spec",
     "parse_spec",
 ]
@@ -93,12 +95,17 @@ DATBENCH_CONFIGS = (
 DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all")
 IMAGE_MODES = ("real", "blank", "none")
-INTERVENTION_KINDS = ("scale", "zero", "add", "patch", "normalize")
 # Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
 # workbench.plan refuses those); kept equal to workbench.interventions.EDITABLE_SITES by a test.
 CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
 EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
 NORMALIZE_TARGETS = ("text_embedding_mean",)
+ADD_DIRECTIONS = ("random",)
+RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site
+# What a kv_swap copies from the donor's cache; a string sweep value names a set of them joined
+# by '+' ("keys+values"), so `parts: $p` with `sweep: {p: [keys, values]}` sweeps them.
+KV_PARTS = ("keys", "values")
+KV_PART_SETS = ("keys", "values", "keys+values")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -476,6 +483,36 @@ def _layers(value: Any) -> str | list[int]:
     _fail(f"{_got(value)}; expected 'all' or a list of layer indices (integers >= 0)")
 
 
+def _swap_layers(value: Any) -> str | list[int | str]:
+    """kv_swap layers: like `layers`, and any item may be a '$variable' (one layer per value)."""
+    if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
+        return _layers(value)
+    problems = [((i,), f"{_got(v)}; expected a layer index (an integer >= 0) or a '$variable'")
+                for i, v in enumerate(value) if isinstance(v, str) and not _VAR_REF_RE.fullmatch(v)]
+    if problems:
+        _fail_many(problems)
+    indices = [v for v in value if not isinstance(v, str)]
+    if indices:
+        _index_list(indices, "layer index")
+    return list(value)
+
+
+def _kv_parts(value: Any) -> list[str] | str:
+    """kv_swap parts: a non-empty list of 'keys'/'values', or a '$variable' sweeping part sets."""
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    expected = f"a list of {_quoted(KV_PARTS)} (e.g. [keys] or [keys, values]) or a '$variable'"
+    if not isinstance(value, list) or not value:
+        _fail(f"{_got(value)}; expected {expected}")
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PARTS)}; expected one of {_quoted(KV_PARTS)}")
+                for i, v in enumerate(value) if v not in KV_PARTS]
+    problems += [((i,), f"duplicate part {v!r}; expected each part once") for i, v in enumerate(value)
+                 if v in KV_PARTS and v in value[:i]]
+    if problems:
+        _fail_many(problems)
+    return [p for p in KV_PARTS if p in value]  # canonical order: keys before values
+
+
 _MODEL_EXPECTED = (
     f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
     "or a local checkpoint directory"
@@ -505,6 +542,29 @@ def _unique_models(models: list[str]) -> list[str]:
     return models
 
 
+def _finite_number(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _sweep_values(value: Any) -> list[float] | list[str]:
+    """A sweep's values: numbers, or names of kv_swap part sets ('keys', 'values', 'keys+values')."""
+    if not isinstance(value, list):
+        _fail(f"{_got(value)}; expected a list of numbers (or of {_quoted(KV_PART_SETS)} for kv_swap parts)")
+    if not value:
+        _fail("got an empty list; expected at least 1 value")
+    words = all(isinstance(v, str) for v in value)
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PART_SETS) if words else ''}; expected a number"
+                 + (f" or one of {_quoted(KV_PART_SETS)}" if words else ""))
+                for i, v in enumerate(value)
+                if (v not in KV_PART_SETS if words else not _finite_number(v))]
+    if problems:
+        _fail_many(problems)
+    return list(value) if words else [float(v) for v in value]
+
+
 def _distinct_values(values: list[float]) -> list[float]:
     problems = [
         ((i,), f"duplicate sweep value {v!r}; expected distinct values")
@@ -526,7 +586,7 @@ ConditionName = Annotated[str, _name_of("condition name")]
 VarName = Annotated[str, PlainValidator(_var_name)]
 PathString = Annotated[str, PlainValidator(_path_string)]
 ModelRef = Annotated[str, PlainValidator(_model_ref)]
-SweepValues = Annotated[list[Number], Field(min_length=1), AfterValidator(_distinct_values)]
+SweepValues = Annotated[list[Union[float, str]], PlainValidator(_sweep_values), AfterValidator(_distinct_values)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -588,19 +648,46 @@ class ZeroIntervention(_SiteIntervention):
     kind: Literal["zero"]
 
 
+def _seed_or_var(value: Any) -> int | str:
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    _fail(f"{_got(value)}; expected a seed (an integer >= 0) or a '$variable'")
+
+
+def _random_norm(value: Any) -> float | str:
+    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
+        return value
+    number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    if number <= 0:
+        _fail(f"{_got(value)}; expected a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    return number
+
+
 class AddIntervention(_SiteIntervention):
     kind: Literal["add"]
     vector: list[Number] | None = None
     direction_from: ConditionName | None = None
+    # the control for both: a seeded random unit direction u, scaled to `norm` per token
+    direction: Annotated[Literal["random"], _one_of(ADD_DIRECTIONS)] | None = None
+    seed: Annotated[Union[int, str], PlainValidator(_seed_or_var)] = 0
+    norm: Annotated[Union[float, str], PlainValidator(_random_norm)] = "matched"
     factor: NumberOrVar = 1.0
 
     @model_validator(mode="after")
     def _one_direction(self) -> "AddIntervention":
-        if (self.vector is None) == (self.direction_from is None):
-            given = "both" if self.vector is not None else "neither"
-            _fail(f"{given} of 'vector' and 'direction_from' given; expected exactly one of them")
+        given = [name for name in ("vector", "direction_from", "direction") if getattr(self, name) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(repr(g) for g in given)
+            _fail(f"{what} of 'vector', 'direction_from', 'direction' given; expected exactly one of them "
+                  "(a vector, a condition's mean difference, or direction: random)")
         if self.vector is not None and not self.vector:
             _fail("got an empty list; expected a non-empty vector", "vector")
+        if self.direction is None:  # (a dumped spec carries the defaults: only other values are refused)
+            for name in ("seed", "norm"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    _fail(f"'{name}' is only used with 'direction: random'; expected no '{name}' here", name)
         return self
 
 
@@ -615,19 +702,33 @@ class NormalizeIntervention(_Intervention):
     target: Annotated[Union[float, str], PlainValidator(_normalize_target)] = "text_embedding_mean"
 
 
-Intervention = Annotated[
-    Union[ScaleIntervention, ZeroIntervention, AddIntervention, PatchIntervention, NormalizeIntervention],
-    Field(discriminator="kind"),
-]
+# The spec half of the intervention registry: kind -> spec model. `workbench.interventions.RUNTIME`
+# maps the same kinds to the classes that run them (a test keeps the two equal); the list of
+# kinds, the union pydantic validates against and the error messages all derive from this.
+INTERVENTION_SPECS: dict[str, type[_Intervention]] = {
+    "scale": ScaleIntervention,
+    "zero": ZeroIntervention,
+    "add": AddIntervention,
+    "patch": PatchIntervention,
+    "normalize": NormalizeIntervention,
+}
+INTERVENTION_KINDS = tuple(INTERVENTION_SPECS)
+
+Intervention = Annotated[Union[tuple(INTERVENTION_SPECS.values())], Field(discriminator="kind")]
 
 # Fields that may hold a "$var" reference, per intervention kind.
-_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor",), "normalize": ("target",)}
+_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
+# Numeric fields whose sweep values must be more than numbers (what _SWEEP_KINDS calls them).
+_SWEPT_FIELD_KINDS = {("add", "seed"): "seed", ("add", "norm"): "positive"}
 
 
 class KVSwap(_Model):
     donor: ConditionName
     positions: Positions = "vision"
-    layers: Layers = "all"
+    layers: Annotated[Union[Literal["all"], list[Union[int, str]]], PlainValidator(_swap_layers)] = "all"
+    # which caches are copied from the donor: keys (where the decode step looks), values (what
+    # it reads), or both (the study's Experiment 3)
+    parts: Annotated[Union[list[str], str], PlainValidator(_kv_parts)] = ["keys", "values"]
 
 
 class Condition(_Model):
@@ -643,22 +744,45 @@ class Condition(_Model):
 
     @model_validator(mode="after")
     def _vars_are_swept(self) -> "Condition":
-        problems = [
-            (("interventions", i, name), _undefined_var_message(ref, self.sweep))
-            for i, name, ref in _var_refs(self.interventions)
-            if ref[1:] not in self.sweep
-        ]
+        problems = []
+        for path, ref, wants in _var_refs(self):
+            if ref[1:] not in self.sweep:
+                problems.append((path, _undefined_var_message(ref, self.sweep)))
+            elif not all(_SWEEP_KINDS[wants][0](v) for v in self.sweep[ref[1:]]):
+                problems.append((("sweep", ref[1:]), f"'{ref}' is used as {_SWEEP_KINDS[wants][1]} at "
+                                 f"{_dotted(path)}; expected every value of '{ref[1:]}' to be {_SWEEP_KINDS[wants][1]}"))
         if problems:
             _fail_many(problems)
         return self
 
 
-def _var_refs(interventions: Iterable[Any]) -> Iterable[tuple[int, str, str]]:
-    for i, intervention in enumerate(interventions):
+# What a '$variable' must hold where it is used: (test of one value, what it is called).
+_SWEEP_KINDS = {
+    "number": (_is_number, "a number"),
+    "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
+    "seed": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a seed (an integer >= 0)"),
+    "positive": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
+}
+
+
+def _is_var(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("$")
+
+
+def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
+    """(path in the condition, '$variable', what it must hold) of every sweep reference."""
+    for i, intervention in enumerate(condition.interventions):
         for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
-            value = getattr(intervention, name)
-            if isinstance(value, str) and value.startswith("$"):
-                yield i, name, value
+            if _is_var(value := getattr(intervention, name)):
+                yield ("interventions", i, name), value, _SWEPT_FIELD_KINDS.get((intervention.kind, name), "number")
+    swap = condition.kv_swap
+    if swap is not None:
+        if _is_var(swap.parts):
+            yield ("kv_swap", "parts"), swap.parts, "parts"
+        for j, layer in enumerate(swap.layers if isinstance(swap.layers, list) else ()):
+            if _is_var(layer):
+                yield ("kv_swap", "layers", j), layer, "layer"
 
 
 def _undefined_var_message(ref: str, sweep: dict[str, Any]) -> str:
@@ -673,6 +797,21 @@ class CaptureSpec(_Model):
     site: Site
     layers: Layers = "all"
     positions: Positions = "all"
+
+
+def _rank_base(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value in RANK_BASES:
+        return value
+    _fail(f"{_got(value)}; expected one of {', '.join(map(str, RANK_BASES))}")
+
+
+class AnalysisSpec(_Model):
+    """Definitions the study leaves open (workbench.definitions): stored with the run, read by
+    `workbench analyze`, printed under every table."""
+
+    text_set: Annotated[Literal[TEXT_SETS], _one_of(TEXT_SETS)] = DEFAULTS["text_set"]
+    average_layers: Annotated[Literal[AVERAGE_LAYERS], _one_of(AVERAGE_LAYERS)] = DEFAULTS["average_layers"]
+    rank_base: Annotated[int, PlainValidator(_rank_base)] = DEFAULTS["rank_base"]
 
 
 class GenerateSpec(_Model):
@@ -706,13 +845,15 @@ class ConditionInstance:
 
     name: str  # "baseline", or "alpha=0.1" / "x=1.0,y=2.0" for swept conditions
     base: str  # the condition's key in the spec
-    sweep: dict[str, float] = field(default_factory=dict)
+    sweep: dict[str, float | str] = field(default_factory=dict)  # a word for a kv_swap parts sweep
     image: str = "real"
     interventions: tuple[Any, ...] = ()
     kv_swap: KVSwap | None = None
 
 
-def _format_value(value: float) -> str:
+def _format_value(value: float | str) -> str:
+    if isinstance(value, str):
+        return value  # a kv_swap part set: parts=keys
     return repr(float(value))  # shortest round-tripping form: 0.1, 1.0, 3.0, 0.01
 
 
@@ -729,6 +870,19 @@ def _substitute(intervention: Any, assignment: dict[str, float]) -> Any:
     return intervention.model_copy(update=updates) if updates else intervention
 
 
+def _substitute_swap(swap: KVSwap | None, assignment: dict[str, Any]) -> KVSwap | None:
+    """The kv_swap with its '$variable's replaced: a layer per value, a part set split at '+'."""
+    if swap is None or not assignment:
+        return swap
+    updates: dict[str, Any] = {}
+    if _is_var(swap.parts):
+        updates["parts"] = assignment[swap.parts[1:]].split("+")
+    if isinstance(swap.layers, list) and any(_is_var(l) for l in swap.layers):
+        layers = [int(assignment[l[1:]]) if _is_var(l) else l for l in swap.layers]
+        updates["layers"] = sorted(set(layers))
+    return swap.model_copy(update=updates) if updates else swap
+
+
 def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
     if not condition.sweep:
         assignments = [{}]
@@ -742,7 +896,7 @@ def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
             sweep=assignment,
             image=condition.image,
             interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
-            kv_swap=condition.kv_swap,
+            kv_swap=_substitute_swap(condition.kv_swap, assignment),
         )
         for assignment in assignments
     ]
@@ -758,6 +912,7 @@ class Spec(_Model):
     generate: GenerateSpec | None = None  # None: prefill only
     store: StoreSpec
     backend: BackendSpec = Field(default_factory=BackendSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
     # Provenance, outside the validated fields.
     _source: str = PrivateAttr("<spec>")

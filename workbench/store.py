@@ -909,7 +909,7 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
     ds = xr.open_zarr(store, group=f"{model}/{condition}", consolidated=False, chunks={}, zarr_format=3)
     ds = ds.rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
-    sweep = {name: float(value) for name, value in (attrs.get("sweep") or {}).items()}
+    sweep = {name: _sweep_label(value) for name, value in (attrs.get("sweep") or {}).items()}
     tokens = ds[[v for v in ds.data_vars if "token" in ds[v].dims]]
     n = tokens.sizes.get("token", 0)
     tokens = tokens.assign_coords(
@@ -947,11 +947,19 @@ def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
         return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
 
 
+def _sweep_label(value: Any) -> float | str:
+    """A sweep value as a label: a number as float; a word (a kv_swap part set) as itself."""
+    return value if isinstance(value, str) else float(value)
+
+
 def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Dataset:
-    # a condition without a sweep variable gets NaN there (baseline has no alpha)
+    # a condition without a sweep variable gets NaN there (baseline has no alpha), or "" where
+    # the variable's values are words (parts=keys)
+    words = {c for part in parts for c in fill if c in part.coords and part[c].dtype.kind in "UO"}
     for i, part in enumerate(parts):
         size = part.sizes.get(dim, 0)
-        parts[i] = part.assign_coords({c: (dim, np.full(size, np.nan)) for c in fill if c not in part.coords})
+        parts[i] = part.assign_coords({c: (dim, np.full(size, "" if c in words else np.nan)) for c in fill
+                                       if c not in part.coords})
     return xr.concat(parts, dim=dim, data_vars="minimal", coords="minimal", compat="override", join="outer")
 
 

@@ -134,13 +134,16 @@ def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
     return {"input_ids": token.view(-1, 1).to(model.device)}
 
 
-def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...]) -> None:
-    """Copy the donor cache's keys and values at `positions` of `layers` into `cache`."""
+def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...],
+             parts: tuple[str, ...] = ("keys", "values")) -> None:
+    """Copy the donor cache's `parts` ("keys" and/or "values", the attribute names of a cache
+    layer) at `positions` of `layers` into `cache`; every other entry stays this condition's."""
     index = torch.as_tensor(positions, dtype=torch.long)
     for l in layers:
         target, source = cache.layers[l], donor.layers[l]
-        target.keys[:, :, index] = source.keys[:, :, index].to(target.keys.device)
-        target.values[:, :, index] = source.values[:, :, index].to(target.values.device)
+        for part in parts:
+            mine = getattr(target, part)
+            mine[:, :, index] = getattr(source, part)[:, :, index].to(mine.device)
 
 
 def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
@@ -261,7 +264,7 @@ def _run_kv_swap(model: Any, inputs_by_image: dict[str, Any], condition: Conditi
     donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
     donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
                         on_trace=on_trace).pop("cache")
-    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers)
+    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts)
     last = torch.as_tensor(inputs.input_ids[-1])
     tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache, on_trace=on_trace)
     result = RunResult()

@@ -1,0 +1,81 @@
+"""One registry per extension point, and everything that lists its entries agrees with it:
+interventions (kind -> spec model -> runtime class; the spec's kind list and error messages) and
+analyses (name -> table -> figures -> report section; `analyze`, `report` and the CLI's `--help`)."""
+
+from __future__ import annotations
+
+import re
+import typing
+
+import pytest
+
+from workbench import interventions, plan, spec
+from workbench.cli import main
+from workbench.models.model import model_info
+from workbench.plan import compile_plan
+
+# one entry of every kind, as a spec writes it
+EVERY_KIND = """\
+name: kinds
+models: [tiny-qwen3vl]
+conditions:
+  blank: {image: blank}
+  scale: {interventions: [{kind: scale, site: layer, layers: [1], factor: 0.5}]}
+  zero: {interventions: [{kind: zero, site: embed, positions: boundary}]}
+  add: {interventions: [{kind: add, site: layer, layers: [1], direction: random, seed: 1}]}
+  patch: {interventions: [{kind: patch, site: layer, layers: [1], positions: vision, from: blank}]}
+  normalize: {interventions: [{kind: normalize, target: 2.0}]}
+capture: [{site: layer}]
+store: {path: unused.zarr}
+"""
+
+
+def test_intervention_registry_joins_spec_models_and_runtime_classes():
+    joined = plan.intervention_registry()
+    assert tuple(joined) == spec.INTERVENTION_KINDS == tuple(spec.INTERVENTION_SPECS) == tuple(interventions.RUNTIME)
+    for kind, (model, runtime) in joined.items():
+        assert typing.get_args(model.model_fields["kind"].annotation) == (kind,)   # the model's own tag
+        assert issubclass(runtime, interventions.Intervention)
+    # every kind, built through the registry from a parsed spec, is the registered class
+    compiled = compile_plan(spec.parse_spec(EVERY_KIND), model_info("tiny-qwen3vl"))
+    built = {c.name: c.interventions[0] for c in compiled.conditions if c.interventions}
+    assert set(built) == set(joined)
+    for kind, item in built.items():
+        assert type(item) is joined[kind][1]
+
+
+def test_spec_errors_list_the_registered_kinds():
+    with pytest.raises(spec.SpecError) as caught:
+        spec.parse_spec(EVERY_KIND.replace("kind: zero", "kind: ablate"))
+    listed = re.findall(r"'([a-z]+)'", str(caught.value).split("expected one of", 1)[1])
+    assert tuple(listed) == spec.INTERVENTION_KINDS
+
+
+def test_a_kind_missing_from_one_half_is_refused(monkeypatch):
+    monkeypatch.setattr(plan, "RUNTIME", {k: v for k, v in interventions.RUNTIME.items() if k != "patch"})
+    with pytest.raises(RuntimeError, match="intervention kinds disagree"):
+        plan.intervention_registry()
+
+
+def test_analyses_registry_drives_tables_figures_report_and_cli(capsys, monkeypatch):
+    from analyses import commands, figures, report, tables
+    from analyses.registry import ANALYSES, NAMES
+
+    assert tuple(tables.BUILDERS) == NAMES == tables.TABLES == commands.TABLE_NAMES
+    for analysis in ANALYSES:
+        assert tables.BUILDERS[analysis.name].__name__ == analysis.table
+    named = [f for a in ANALYSES for f in a.figures]
+    assert sorted(named) == sorted(figures.FIGURES)          # each figure in exactly one section
+    assert [s[2] for s in report.SECTIONS] == [[n] for n in NAMES]
+    assert [s[0] for s in report.SECTIONS] == [a.section for a in ANALYSES]
+    # the CLI's choices: `analyze --help` lists the registry's names, a wrong name is refused with them
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help at the terminal width, hyphens included
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    help_text = capsys.readouterr().out
+    assert f"tables to print (default: all): {', '.join(NAMES)}" in help_text
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", "nowhere.zarr", "kv-cosines"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown table 'kv-cosines' (did you mean 'kv-cosine'?)" in err and ", ".join(NAMES) in err
