@@ -11,6 +11,10 @@ Stored variables (dims; what a row is):
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
+- `vision (patch, dim)`, `vision_hidden (patch, vision_layer, dim)`: the vision tower's output as
+  the connector receives it, and the output of each listed tower layer; one row per patch of the
+  tower (tiles x patches flattened in the tower's own order), a `patch` dim of its own since the
+  connector merges patches into fewer LLM tokens.
 - `logprobs (run, step, vocab)`: float32 log-softmax of the next-token logits at each step.
 - `generated (run, step)`: the greedy token chosen at each step.
 """
@@ -22,11 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .interventions import site_tensor
 from .records import Record
-from .sites import order, position_index, residual_envoy
-
-CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
+from .sites import order, position_index, residual_envoy, site, site_tensor
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -114,8 +115,40 @@ class ModuleOutputCapture(Record):
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any) -> None:
-        path = model.arch.embed if self.site == "embed" else model.arch.final_norm
-        saved.setdefault((self.site, None), []).append(to_host(model.module(path)[0].output[0]))
+        saved.setdefault((self.site, None), []).append(to_host(site_tensor(model, self.site)[0]))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
+        return {self.site: torch.cat(merged[(self.site, None)], dim=0).numpy()}
+
+
+class PatchCapture(Record):
+    """A vision-tower site, one row per patch: `vision` (the tower's output as the connector
+    receives it) or `vision_layer` (each listed tower layer's output). Read in the prompt forward
+    only (decode steps do not run the tower), and not at all without an image (`image: none`)."""
+
+    _fields = ("site", "layers")
+    _defaults = {"layers": None}
+    prompt_only = True
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
+        if self.site == "vision_layer":
+            return [(order(self.site, l, 1), l) for l in self.layers]
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any) -> None:
+        if "pixel_values" not in inputs.encoding:
+            return
+        tensor = site_tensor(model, self.site, layer)
+        saved[(self.site, layer)] = [to_host(tensor.reshape(-1, tensor.shape[-1]))]
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        variable = site(self.site).variable
+        if self.site == "vision_layer":
+            if (self.site, self.layers[0]) not in merged:
+                return {}
+            return {variable: torch.stack([merged[(self.site, l)][0] for l in self.layers], dim=1).numpy()}
+        return {variable: merged[(self.site, None)][0].numpy()} if (self.site, None) in merged else {}
 
 
 class SiteValues(Record):
@@ -182,4 +215,7 @@ class CapturePlan(Record):
         if self.attention:
             coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
             coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
+        for output in self.outputs:
+            if output.site == "vision_layer":  # the tower's own layer index, never the LLM's `layer`
+                coords["vision_hidden"] = {"vision_layer": np.asarray(output.layers)}
         return coords

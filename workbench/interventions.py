@@ -11,6 +11,9 @@ Sites and what "the site's value" is:
   SmolVLM's connector; for Qwen3-VL the merger AND every DeepStack merger. All rows are vision
   tokens, so positions must be `vision` or `all`.
 - `projector.merger`: the main merger alone (Qwen3-VL's DeepStack features stay untouched).
+- `projector.<part>`: one declared connector part's output (`Architecture.projector_parts`).
+- `vision`, `vision_layer`: the tower's output as the connector receives it / the output of each
+  listed vision layer; every patch row is edited (positions name LLM tokens, so `all` only).
 - `embed`: the token-embedding output (before image features are scattered in).
 - `layer`: the residual stream at each listed layer index (`workbench.sites` convention), edited
   where it enters decoder layer l (or the final norm for l = L).
@@ -23,22 +26,10 @@ from typing import Any
 import torch
 
 from .records import Record
-from .sites import order, position_index, residual_envoy
+from .sites import EDITABLE_SITES, PROJECTOR_SITES, order, position_index, site, site_envoys, site_tensor
 
-EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
-PROJECTOR_SITES = ("projector", "projector.merger")
-
-
-def projector_envoys(model: Any, site: str) -> list[Any]:
-    paths = model.arch.projector if site == "projector" else (model.arch.projector_merger,)
-    return [envoy for path in paths for envoy in model.module(path)]
-
-
-def site_tensor(model: Any, site: str, layer: int | None) -> torch.Tensor:
-    """The live tensor of a sequence site (`embed` or `layer`), shape (batch, seq, dim)."""
-    if site == "embed":
-        return model.module(model.arch.embed)[0].output
-    return residual_envoy(model, layer).input
+__all__ = ["EDITABLE_SITES", "PROJECTOR_SITES", "Intervention", "Scale", "Zero", "Normalize", "Add", "Patch",
+           "build_intervention", "needs_source"]
 
 
 class Intervention(Record):
@@ -46,16 +37,20 @@ class Intervention(Record):
     _defaults = {"positions": "all", "layers": None}
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
-        if self.site == "layer":
-            return [(order("layer", l, 0), l) for l in self.layers or ()]
+        if site(self.site).index:  # layer, vision_layer
+            return [(order(self.site, l, 0), l) for l in self.layers or ()]
         return [(order(self.site, None, 0), None)]
 
     def apply(self, model: Any, inputs: Any, layer: int | None = None) -> None:
-        if self.site in PROJECTOR_SITES:
-            for envoy in projector_envoys(model, self.site):
+        access = site(self.site).access
+        if access == "modules":
+            for envoy in site_envoys(model, self.site):
                 envoy.output[:] = self.edit(envoy.output, None)
             return
         hidden = site_tensor(model, self.site, layer)
+        if access == "patches":  # the tower's rows are patches, not LLM positions: every row
+            hidden[:] = self.edit(hidden, layer)
+            return
         index = torch.as_tensor(position_index(self.positions, inputs.modality), device=hidden.device)
         hidden[:, index] = self.edit(hidden[:, index], layer)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
+from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, PatchCapture, ResidualCapture
 from .records import Record
-from .interventions import EDITABLE_SITES, PROJECTOR_SITES, build_intervention, needs_source
-from .sites import VISION_SITES
-from .spec import CAPTURE_SITES, SpecError
+from .interventions import build_intervention, needs_source
+from .sites import PROJECTOR_PART_PREFIX, is_projector_site, site as site_entry
+from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 
 SpecPath = tuple[Any, ...]
 
@@ -68,23 +68,36 @@ class _Checker:
     def add(self, path: SpecPath, message: str) -> None:
         self.problems.append((path, message))
 
-    def layers(self, value: Any, path: SpecPath, top: int) -> tuple[int, ...]:
+    def layers(self, value: Any, path: SpecPath, top: int, vision: bool = False) -> tuple[int, ...]:
         """Layer indices 0..top ('all' expands); out-of-range ones are problems."""
         if value in (None, "all"):
             return tuple(range(top + 1))
         bad = [l for l in value if l > top]
         if bad:
-            self.add(path, f"layers {bad} out of range ({self.info.n_layers} decoder layers); expected 0..{top}")
+            depth = f"{self.info.n_vision_layers} vision layers" if vision else f"{self.info.n_layers} decoder layers"
+            self.add(path, f"layers {bad} out of range ({depth}); expected 0..{top}")
         return tuple(sorted(set(l for l in value if l <= top)))
 
     def site(self, site: str, path: SpecPath, allowed: tuple[str, ...], what: str) -> bool:
-        if site in VISION_SITES and not self.info.arch.is_multimodal:
-            self.add(path, f"a text-only model has no site {site!r}; expected a site of a text model")
+        arch = self.info.arch
+        parts = [PROJECTOR_PART_PREFIX + p for p in arch.projector_parts]
+        if site_entry(site).vision and not arch.is_multimodal:
+            self.add(path, f"a text-only model ({arch.family}) has no site {site!r}; expected a site of a text model")
         elif site not in allowed:
             self.add(path, f"site {site!r} cannot be {what}; expected one of {', '.join(allowed)}")
+        elif site.startswith(PROJECTOR_PART_PREFIX) and site_entry(site).name not in ("projector.merger",) \
+                and site not in parts:
+            self.add(path, f"{arch.family}'s connector has no part {site!r}; expected one of {', '.join(parts)}")
         else:
             return True
         return False
+
+    def layer_range(self, site: str) -> int:
+        """The highest index a per-layer site takes on this model."""
+        index = site_entry(site).index
+        if index == "vision_layer":
+            return self.info.n_vision_layers - 1
+        return self.info.n_layers - (index == "decoder_layer")
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
@@ -100,6 +113,11 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
                       "(select positions when reading the store: ds.sel(modality=...))")
         if item.site == "layer":
             plan.residual = ResidualCapture(check.layers(item.layers, path + ("layers",), n))
+        elif item.site == "vision_layer":
+            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site), vision=True)
+            plan.outputs += (PatchCapture(item.site, layers),)
+        elif item.site == "vision":
+            plan.outputs += (PatchCapture(item.site),)
         elif item.site == "attention":
             plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
         elif item.site in ("keys", "values"):
@@ -123,14 +141,20 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         path = base + (j,)
         if not check.site(raw.site, path + ("site",), EDITABLE_SITES, f"edited by '{raw.kind}'"):
             continue
-        if raw.site in PROJECTOR_SITES and getattr(raw, "positions", "all") not in ("vision", "all"):
-            check.add(path + ("positions",), "the projector outputs only vision tokens; expected vision or all")
-        if raw.kind == "normalize" and raw.site not in PROJECTOR_SITES:
+        access = site_entry(raw.site).access
+        if access in ("modules", "patches") and getattr(raw, "positions", "all") not in ("vision", "all"):
+            check.add(path + ("positions",), f"{raw.site!r} holds only vision rows; expected vision or all")
+        if access in ("modules", "patches") and instance.image == "none":
+            check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
+                      "sequence site (embed, layer) or an image")
+        if raw.kind == "normalize" and not is_projector_site(raw.site):
             check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
         if source is not None and raw.site not in ("embed", "layer"):
             check.add(path + ("site",), "values from another condition are read at sequence sites; expected embed or layer")
-        layers = check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
+        index = site_entry(raw.site).index
+        layers = (check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.layer_range(raw.site),
+                               vision=index == "vision_layer") if index else None)
         if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
         items.append(build_intervention(raw, layers))
@@ -144,7 +168,7 @@ def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
     (`OutOfOrderError` mid-run); refuse it here instead."""
     if len(check.info.arch.projector) < 2:
         return
-    edits = [j for j, raw in enumerate(instance.interventions) if raw.site in PROJECTOR_SITES]
+    edits = [j for j, raw in enumerate(instance.interventions) if is_projector_site(raw.site)]
     if len(edits) > 1 and any(instance.interventions[j].site == "projector" for j in edits):
         check.add(base + (edits[1], "site"), f"a second projector edit in one condition ({check.info.arch.family}'s "
                   "projector is several modules, served once each in execution order); expected one edit of "

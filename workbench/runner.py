@@ -41,6 +41,9 @@ VARIABLE_DIMS = {
     "generated": ("run", "step"),
     "embed": ("token", "dim"),
     "final_norm": ("token", "dim"),
+    # vision-tower rows: patches (before the connector merges them), a row dim of their own
+    "vision": ("patch", "dim"),
+    "vision_hidden": ("patch", "vision_layer", "dim"),
 }
 _LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
@@ -175,8 +178,11 @@ def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.nd
         "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
         **(text or {}),
     }
-    for name, data in {**result.tokens, **result.run}.items():
+    for name, data in {**result.tokens, **result.run, **result.patches}.items():
         variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
+    if result.patches:  # each patch's index within its sample's tower rows
+        n_patches = next(iter(result.patches.values())).shape[0]
+        variables["patch_position"] = Variable(("patch",), np.arange(n_patches, dtype=np.int64))
     return variables
 
 

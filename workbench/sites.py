@@ -1,13 +1,25 @@
-"""Named sites: where in the forward pass a site lives, and in which order sites run.
+"""The site registry: every named place in the forward pass, in one table (`SITES`).
 
-nnsight requires every request of one trace in execution order, so every operation (capture or
-intervention) carries an `order` key built here, and the backend sorts operations by it.
+A site says where it runs (`stage`: nnsight serves requests only in execution order, so every
+operation carries an `order` key built here and the backend sorts by it), which index a per-layer
+site takes, whether it needs a vision tower, which variable a capture stores, whether an
+intervention may edit it, and how its value is reached (`access`, resolved by `site_tensor` /
+`site_envoys`). The spec's, the plan's and the interventions' site lists are derived from it, so
+adding a site is adding one entry (plus, for a new `access`, its resolver below).
 
 Residual-stream convention, the same for every architecture: `layer` index 0 is the LLM input (the
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
 after l decoder layers have run (before the final norm; for Qwen3-VL after the DeepStack add, since
 it is what decoder layer l receives). With L decoder layers the indices are 0..L: index l < L is
 read at the input of decoder layer l, index L at the input of the final norm.
+
+Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
+mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
+have one row per vision patch (before any merging: their count differs from the LLM's vision
+tokens), stored along their own `patch` dim. The connector's parts (`Architecture.projector_parts`)
+are sites `projector.<part>` (e.g. `projector.mm_soft_emb_norm`), edited like `projector`.
+
+Shipped to NDIF servers with the plan: builtins, numpy and `Record` only.
 """
 
 from __future__ import annotations
@@ -16,26 +28,83 @@ from typing import Any
 
 import numpy as np
 
-# stage of each site in one forward: embeddings, vision tower, projector, decoder, head
-SITE_STAGE = {
-    "embed": 0,
-    "vision": 1,
-    "projector.merger": 2,
-    "projector": 2,
-    "layer": 3,
-    "attention": 3,
-    "keys": 3,
-    "values": 3,
-    "final_norm": 4,
-    "logits": 5,
-}
-VISION_SITES = ("vision", "projector", "projector.merger")
-PER_LAYER_SITES = ("layer", "attention", "keys", "values")
+from .records import Record
 
 
-def order(site: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
+class Site(Record):
+    """One named site. Fields:
+    name; stage: its place in one forward (embeddings, vision tower layers, tower output,
+      connector, decoder, final norm, head)
+    index: the index a per-layer site takes: `layer` (residual 0..L), `decoder_layer` (0..L-1),
+      `vision_layer` (0..V-1); None: one value per forward
+    vision: exists only on a model with a vision tower
+    variable: the stored variable of a capture (None: cannot be captured)
+    editable: scale / zero / ... may change it
+    access: how its value is reached: `sequence` (a (batch, seq, dim) tensor over the LLM's
+      positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
+      edits act on every row), `modules` (the outputs of connector modules), `attention`,
+      `cache`, `head` (read by their captures)"""
+
+    _fields = ("name", "stage", "index", "vision", "variable", "editable", "access")
+    _defaults = {"index": None, "vision": False, "variable": None, "editable": False}
+
+
+PROJECTOR_PART_PREFIX = "projector."
+
+SITES: dict[str, Site] = {s.name: s for s in (
+    Site("embed", 0, variable="embed", editable=True, access="sequence"),
+    Site("vision", 2, vision=True, variable="vision", editable=True, access="patches"),
+    Site("vision_layer", 1, index="vision_layer", vision=True, variable="vision_hidden", editable=True, access="patches"),
+    Site("projector", 3, vision=True, editable=True, access="modules"),
+    Site("projector.merger", 3, vision=True, editable=True, access="modules"),
+    Site("layer", 4, index="layer", variable="hidden", editable=True, access="sequence"),
+    Site("attention", 4, index="decoder_layer", variable="prefill_vision_mass", access="attention"),
+    Site("keys", 4, index="decoder_layer", variable="keys", access="cache"),
+    Site("values", 4, index="decoder_layer", variable="values", access="cache"),
+    Site("final_norm", 5, variable="final_norm", access="sequence"),
+    Site("logits", 6, variable="logprobs", access="head"),
+)}
+# a connector part `projector.<part>`: an edit of that module's output, like `projector`
+PROJECTOR_PART = Site("projector.<part>", 3, vision=True, editable=True, access="modules")
+
+
+def site(name: str) -> Site:
+    """The registry entry of `name` (a connector part `projector.<part>` shares one entry)."""
+    if name in SITES:
+        return SITES[name]
+    if name.startswith(PROJECTOR_PART_PREFIX):
+        return PROJECTOR_PART.replace(name=name)
+    raise KeyError(f"unknown site {name!r}")
+
+
+def part_sites(architectures: Any) -> tuple[str, ...]:
+    """`projector.<part>` for every connector part the given families declare (the registered
+    families' parts are known to the spec)."""
+    names = [PROJECTOR_PART_PREFIX + part for arch in architectures for part in arch.projector_parts]
+    return tuple(n for n in dict.fromkeys(names) if n not in SITES)
+
+
+# derived lists (the spec, plan and interventions use these; a site is added in SITES only)
+SITE_NAMES = tuple(SITES)
+CAPTURE_SITES = tuple(n for n, s in SITES.items() if s.variable)
+EDITABLE_SITES = tuple(n for n, s in SITES.items() if s.editable)
+VISION_SITES = tuple(n for n, s in SITES.items() if s.vision)
+PER_LAYER_SITES = tuple(n for n, s in SITES.items() if s.index)
+PROJECTOR_SITES = tuple(n for n, s in SITES.items() if s.access == "modules")
+SITE_STAGE = {n: s.stage for n, s in SITES.items()}
+
+
+def is_projector_site(name: str) -> bool:
+    """The projector, its merger or a connector part: edits act on module outputs."""
+    return site(name).access == "modules"
+
+
+def order(name: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
     """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture)."""
-    return (SITE_STAGE[site], -1 if layer is None else layer, phase)
+    return (site(name).stage, -1 if layer is None else layer, phase)
+
+
+# -- resolving a site to the live model (inside a trace) ------------------------------------------
 
 
 def residual_envoy(model: Any, layer: int) -> Any:
@@ -43,6 +112,46 @@ def residual_envoy(model: Any, layer: int) -> Any:
     if layer < model.n_layers:
         return model.decoder_layers()[layer]
     return model.module(model.arch.final_norm)[0]
+
+
+def site_envoys(model: Any, name: str) -> list[Any]:
+    """The modules whose outputs a `modules` site edits: the whole projector (all its modules),
+    the merger alone, or one declared connector part."""
+    arch = model.arch
+    if name == "projector":
+        paths = arch.projector
+    elif name == "projector.merger":
+        paths = (arch.projector_merger,)
+    else:
+        paths = (arch.projector_parts[name[len(PROJECTOR_PART_PREFIX):]],)
+    return [envoy for path in paths for envoy in model.module(path)]
+
+
+def _first(value: Any) -> Any:
+    """A module's main tensor: encoder layers and towers may return tuples or ModelOutputs."""
+    return value if hasattr(value, "shape") else value[0]
+
+
+def site_tensor(model: Any, name: str, layer: int | None = None) -> Any:
+    """The live tensor of a `sequence` or `patches` site. Sequence sites are (batch, seq, dim);
+    patch sites keep the tower's own layout (batch of tiles x patches x dim, or patches x dim
+    for Qwen), rows flattened by the capture."""
+    arch = model.arch
+    if name == "embed":
+        return model.module(arch.embed)[0].output
+    if name == "final_norm":
+        return model.module(arch.final_norm)[0].output
+    if name == "layer":
+        return residual_envoy(model, layer).input
+    if name == "vision_layer":
+        return _first(model.module(arch.vision_layers)[0][layer].output)
+    if name == "vision":
+        path, end = arch.vision_output
+        envoy = model.module(path)[0]
+        # the connector's input (most families) or the tower's output (InternVL: before its CLS
+        # row is dropped and the pixel shuffle)
+        return envoy.input if end == "input" else _first(envoy.output)
+    raise KeyError(f"site {name!r} has no tensor of its own")
 
 
 def position_index(positions: str | list[int] | tuple[int, ...], modality: np.ndarray) -> np.ndarray:

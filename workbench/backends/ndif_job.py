@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..models.model import WorkbenchModel
+from .local import RunResult
 from .local import run_condition as _decorated_run_condition
 
 # inspect.getsource follows __wrapped__: shipping the torch.inference_mode() wrapper would rebuild
@@ -73,7 +74,6 @@ def server_run(model: Any, inputs_by_image: dict, names: list, plan: Any) -> dic
         for name in names:
             results[name] = run_condition(model, inputs, plan.condition(name), plan)
     return {
-        name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
-               "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}
+        name: {part: {k: torch.from_numpy(v) for k, v in getattr(r, part).items()} for part in RunResult._fields}
         for name, r in results.items()
     }

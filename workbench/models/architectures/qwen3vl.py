@@ -11,6 +11,8 @@ QWEN3VL = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.visual",
+    vision_layers="model.visual.blocks",
+    vision_output=("model.visual.merger", "input"),
     # DeepStack mergers run inside the vision tower (after their blocks), the merger last. Their
     # outputs are ADDED to the residual stream at vision positions after decoder layers 0..k, so a
     # faithful "projector output" intervention must reach all of them.
