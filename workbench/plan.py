@@ -147,6 +147,9 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         if access in ("modules", "patches") and instance.image == "none":
             check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
                       "sequence site (embed, layer) or an image")
+        if raw.kind in ("add", "patch") and access == "patches":
+            check.add(path + ("kind",), f"'{raw.kind}' acts at sequence sites and the projector; expected scale or "
+                      f"zero at {raw.site!r}")
         if raw.kind == "normalize" and not is_projector_site(raw.site):
             check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
@@ -160,6 +163,23 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         items.append(build_intervention(raw, layers))
     _projector_order(instance, check, base)
     return tuple(items)
+
+
+def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> None:
+    """Qwen3-VL's DeepStack mergers run inside the vision tower, between its layers, so an edit of
+    their outputs (`projector`, `projector.deepstack`) cannot be served after a vision-tower
+    site in one trace (nnsight serves requests in execution order, and the workbench orders
+    whole sites); refuse the combination here instead of an `OutOfOrderError` mid-run."""
+    if not check.info.arch.quirks.get("deepstack"):
+        return
+    vision = any(isinstance(c, PatchCapture) for c in capture.outputs) or any(
+        site_entry(raw.site).access == "patches" for raw in instance.interventions)
+    for j, raw in enumerate(instance.interventions):
+        if vision and raw.site in ("projector", "projector.deepstack"):
+            check.add(("conditions", instance.base, "interventions", j, "site"),
+                      f"{check.info.arch.family}'s DeepStack mergers run inside the vision tower: an edit of "
+                      f"{raw.site!r} cannot share a run with the vision / vision_layer sites; expected "
+                      "projector.merger here, or the vision sites in another spec")
 
 
 def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
@@ -203,6 +223,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                 check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
                           "capture of logits or attention to see it")
         items = _interventions(instance, check)
+        _deepstack_order(instance, capture, check)
         for item in items:
             if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
                 check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
