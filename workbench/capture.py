@@ -11,7 +11,10 @@ Stored variables (dims; what a row is):
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
-- `vision (patch, dim)`, `vision_hidden (patch, vision_layer, dim)`: the vision tower's output as
+- `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
+  the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
+  what a token id enters as, for norm atlases without loading weights in the analyses.
+- `vision (patch, vision_dim)`, `vision_hidden (patch, vision_layer, vision_dim)`: the tower's output as
   the connector receives it, and the output of each listed tower layer; one row per patch of the
   tower (tiles x patches flattened in the tower's own order), a `patch` dim of its own since the
   connector merges patches into fewer LLM tokens.
@@ -110,6 +113,7 @@ class ModuleOutputCapture(Record):
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
     _fields = ("site",)
+    rows = "tokens"
 
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
@@ -130,6 +134,7 @@ class PatchCapture(Record):
     _fields = ("site", "layers")
     _defaults = {"layers": None}
     prompt_only = True
+    rows = "patches"
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
         if self.site == "vision_layer":
@@ -149,6 +154,31 @@ class PatchCapture(Record):
                 return {}
             return {variable: torch.stack([merged[(self.site, l)][0] for l in self.layers], dim=1).numpy()}
         return {variable: merged[(self.site, None)][0].numpy()} if (self.site, None) in merged else {}
+
+
+class EmbeddingTableCapture(Record):
+    """The row norms of the input embedding table (`embed_table`), read from the embedding
+    module's weight inside the trace (so it works where the weights live, NDIF included), scaled
+    as the module scales its output (`embed_scale`, Gemma-3)."""
+
+    _fields = ("site",)
+    _defaults = {"site": "embed_table"}
+    prompt_only = True
+    rows = "run"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], None]]:
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any) -> None:
+        envoy = model.module(model.arch.embed)[0]
+        norms = envoy.weight.detach().to(torch.float32).norm(dim=-1)
+        scale = getattr(envoy, "embed_scale", None)
+        if scale is not None:
+            norms = norms * float(scale)
+        saved[(self.site, None)] = [to_host(norms)]
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        return {site(self.site).variable: merged[(self.site, None)][0][None].numpy()}
 
 
 class SiteValues(Record):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, PatchCapture, ResidualCapture
+from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, ModuleOutputCapture,
+                      PatchCapture, ResidualCapture)
 from .records import Record
 from .interventions import build_intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, is_projector_site, site as site_entry
@@ -118,6 +119,8 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             plan.outputs += (PatchCapture(item.site, layers),)
         elif item.site == "vision":
             plan.outputs += (PatchCapture(item.site),)
+        elif item.site == "embed_table":
+            plan.outputs += (EmbeddingTableCapture(),)
         elif item.site == "attention":
             plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
         elif item.site in ("keys", "values"):

@@ -42,8 +42,9 @@ VARIABLE_DIMS = {
     "embed": ("token", "dim"),
     "final_norm": ("token", "dim"),
     # vision-tower rows: patches (before the connector merges them), a row dim of their own
-    "vision": ("patch", "dim"),
-    "vision_hidden": ("patch", "vision_layer", "dim"),
+    "vision": ("patch", "vision_dim"),
+    "vision_hidden": ("patch", "vision_layer", "vision_dim"),
+    "embed_table_norms": ("run", "embed_row"),
 }
 _LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")

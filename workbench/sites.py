@@ -42,8 +42,8 @@ class Site(Record):
     editable: scale / zero / ... may change it
     access: how its value is reached: `sequence` (a (batch, seq, dim) tensor over the LLM's
       positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
-      edits act on every row), `modules` (the outputs of connector modules), `attention`,
-      `cache`, `head` (read by their captures)"""
+      edits act on every row), `modules` (the outputs of connector modules), `weights` (a
+      parameter, read once per run), `attention`, `cache`, `head` (read by their captures)"""
 
     _fields = ("name", "stage", "index", "vision", "variable", "editable", "access")
     _defaults = {"index": None, "vision": False, "variable": None, "editable": False}
@@ -53,6 +53,8 @@ PROJECTOR_PART_PREFIX = "projector."
 
 SITES: dict[str, Site] = {s.name: s for s in (
     Site("embed", 0, variable="embed", editable=True, access="sequence"),
+    # the input embedding table's row norms (what each token id embeds to), read from the weights
+    Site("embed_table", 0, variable="embed_table_norms", access="weights"),
     Site("vision", 2, vision=True, variable="vision", editable=True, access="patches"),
     Site("vision_layer", 1, index="vision_layer", vision=True, variable="vision_hidden", editable=True, access="patches"),
     Site("projector", 3, vision=True, editable=True, access="modules"),

@@ -195,8 +195,7 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
     if captures.kv:
         result.tokens.update(captures.kv.read_cache(cache, n))
     for output in captures.outputs:
-        rows = result.patches if getattr(output, "prompt_only", False) else result.tokens
-        rows.update(output.collect(merged))
+        getattr(result, output.rows).update(output.collect(merged))
 
 
 def _decode(model: Any, inputs: Any, captures: CapturePlan, cache: Any, last: dict, result: RunResult,
