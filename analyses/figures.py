@@ -332,18 +332,25 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
     return fig_file
 
 
+def _from_table(name: str, title: str, build: Callable, models: dict[str, xr.Dataset],
+                options: Options) -> tuple[FigureFile, xr.Dataset | None]:
+    """A figure drawn from a table's data: the data, or None with the table's reason to skip."""
+    fig_file = FigureFile(name, title)
+    table = build(models, options)
+    if table.skipped or table.data is None:
+        fig_file.skipped = table.skipped or "no model in the store"
+        return fig_file, None
+    return fig_file, table.data
+
+
 def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `depth` table as curves: norm growth and the update ratio per layer, one line per model."""
     from .tables import depth_table
 
-    ref = options.reference
-    title = f"Residual-stream norm and update ratio by depth (all tokens, {ref})"
-    fig_file = FigureFile("depth.png", title)
-    table = depth_table(models, options)
-    if table.skipped or table.data is None:
-        fig_file.skipped = table.skipped or "no model in the store"
+    title = f"Residual-stream norm and update ratio by depth (all tokens, {options.reference})"
+    fig_file, data = _from_table("depth.png", title, depth_table, models, options)
+    if data is None:
         return fig_file
-    data = table.data
     colors = model_colors(list(models))
     fig, axes = _grid(1, 2)
     for model in data.model.values:
@@ -373,14 +380,10 @@ def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     text tokens at the LLM input."""
     from .tables import atlas_table
 
-    ref = options.reference
-    title = f"Norm ladder across the vision-language interface ({ref})"
-    fig_file = FigureFile("norm_ladder.png", title)
-    table = atlas_table(models, options)
-    if table.skipped or table.data is None:
-        fig_file.skipped = table.skipped or "no model in the store"
+    title = f"Norm ladder across the vision-language interface ({options.reference})"
+    fig_file, data = _from_table("norm_ladder.png", title, atlas_table, models, options)
+    if data is None:
         return fig_file
-    data = table.data
     names = [str(m) for m in data.model.values]
     n_cols = min(4, len(names))
     fig, axes = _grid(-(-len(names) // n_cols), n_cols, width=4.2)
