@@ -28,6 +28,8 @@ from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs
 from .streaming import as_str
 
+PATCH_DIM = "vision_patch"  # workbench.store.PATCH_DIM (not imported: analyses stay light)
+
 VARIABLES = ("hidden", "vision", "vision_hidden", "embed_table_norms")
 TABLE_QUANTILES = {"table_p05": 0.05, "table_p50": 0.5, "table_p95": 0.95}
 
@@ -44,22 +46,22 @@ def _per_sample_mean(values: np.ndarray, samples: np.ndarray) -> pd.DataFrame | 
 
 
 def _rows_of(ds: xr.Dataset, dim: str, condition: str) -> np.ndarray:
-    labels = {"token": "condition", "patch": "patch_condition", "run": "run_condition"}[dim]
+    labels = {"token": "condition", PATCH_DIM: "patch_condition", "run": "run_condition"}[dim]
     return np.flatnonzero(as_str(ds[labels].values) == condition)
 
 
 def _vision_side(ds: xr.Dataset, condition: str) -> dict[str, xr.DataArray]:
     """Per-sample mean norms of the tower's layers and output."""
-    rows = _rows_of(ds, "patch", condition)
+    rows = _rows_of(ds, PATCH_DIM, condition)
     samples = as_str(ds["patch_sample"].values)[rows]
     out = {}
     if "vision_hidden" in ds:
-        per_layer = _per_sample_mean(row_norms(ds["vision_hidden"].isel(patch=rows), "vision_dim"), samples)
+        per_layer = _per_sample_mean(row_norms(ds["vision_hidden"].isel({PATCH_DIM: rows}), "vision_dim"), samples)
         out["vision_layer_norm"] = xr.DataArray(per_layer.values, dims=("sample", "vision_layer"),
                                                 coords={"sample": per_layer.index.values,
                                                         "vision_layer": ds["vision_layer"].values})
     if "vision" in ds:
-        mean = _per_sample_mean(row_norms(ds["vision"].isel(patch=rows), "vision_dim"), samples)[0]
+        mean = _per_sample_mean(row_norms(ds["vision"].isel({PATCH_DIM: rows}), "vision_dim"), samples)[0]
         out["vision_norm"] = xr.DataArray(mean.values, dims="sample", coords={"sample": mean.index.values})
     return out
 

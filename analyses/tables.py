@@ -194,7 +194,10 @@ def without_nonfinite(ds: xr.Dataset) -> tuple[xr.Dataset, int]:
     bad = set(as_str(ds["run_sample"].values)[flagged].tolist())
     keep_tokens = ~np.isin(as_str(ds["sample"].values), list(bad))
     keep_runs = ~np.isin(as_str(ds["run_sample"].values), list(bad))
-    return ds.isel(token=keep_tokens, run=keep_runs), len(bad)
+    rows = {"token": keep_tokens, "run": keep_runs}
+    if "patch_sample" in ds.coords:  # vision-tower rows (the norm atlas)
+        rows[ds["patch_sample"].dims[0]] = ~np.isin(as_str(ds["patch_sample"].values), list(bad))
+    return ds.isel(rows), len(bad)
 
 
 class _Builder:

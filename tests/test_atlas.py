@@ -1,5 +1,6 @@
 """The norm atlas end to end: specs/norm_atlas.yaml runs offline on every tiny VLM family (CLI
-overrides only), the store keeps vision-tower rows on their own `patch` dim (labelled, resumable,
+overrides only), the store keeps vision-tower rows on their own `vision_patch`
+dim (labelled, resumable,
 verifiable), and every number of the `atlas` table equals numpy computed from plain PyTorch hooks
 on the same models and samples, and from the models' own embedding weights."""
 
@@ -51,8 +52,8 @@ def test_vision_rows_have_their_own_dim_labels_and_resume(atlas_store, load_tiny
     for name in VLMS:
         ds = workbench.open_store(atlas_store, model=name)
         info = load_tiny(name).info
-        assert ds["vision"].dims == ("patch", "vision_dim")
-        assert ds["vision_hidden"].dims == ("patch", "vision_layer", "vision_dim")
+        assert ds["vision"].dims == ("vision_patch", "vision_dim")
+        assert ds["vision_hidden"].dims == ("vision_patch", "vision_layer", "vision_dim")
         # the tower's layer index is its own coordinate; the LLM's `layer` holds only what was captured
         np.testing.assert_array_equal(ds["vision_layer"].values, np.arange(info.n_vision_layers))
         np.testing.assert_array_equal(ds["layer"].values, [0])
@@ -126,3 +127,19 @@ def test_atlas_is_skipped_with_what_is_missing(tmp_path, workbench_cache):
                  "--store", str(store), "--no-progress", "--no-table"]) == 0
     table = build_tables(store, ["atlas"])[0]
     assert table.skipped and "vision" in table.skipped and "embed_table_norms" in table.skipped
+
+
+def test_atlas_on_the_synthetic_store_matches_its_closed_forms(tmp_path):
+    """The atlas of a store built from closed forms (analyses.synthetic): no model involved."""
+    from analyses.synthetic import DEFAULT_MODELS, TOWER_NORM, sample_factor, vision_layer_norm, write_synthetic_store
+
+    model = DEFAULT_MODELS[0]
+    store = write_synthetic_store(tmp_path / "syn.zarr", models=(model,), n_samples=3, alphas=(), extra_conditions=())
+    data = norm_atlas(workbench.open_store(store.path, model=model.model_id), n_resamples=100)
+    c = np.mean([sample_factor(i) for i in range(3)])
+    np.testing.assert_allclose(data["vision_layer_norm"].sel(stat="value"), c * vision_layer_norm(np.arange(2)), rtol=1e-5)
+    np.testing.assert_allclose(float(data["vision_norm"].sel(stat="value")), c * TOWER_NORM, rtol=1e-5)
+    np.testing.assert_allclose(float(data["input_ratio"].sel(stat="value")), model.ratio, rtol=1e-5)
+    np.testing.assert_allclose(float(data["table_mean"]), model.table().mean(), rtol=1e-6)
+    low, high = float(data["vision_norm"].sel(stat="ci_low")), float(data["vision_norm"].sel(stat="ci_high"))
+    assert low < c * TOWER_NORM < high  # the samples differ (c_i), so the CI has width

@@ -324,7 +324,7 @@ def test_connector_parts_are_sites(load_tiny, name):
 
 def test_vision_sites_are_refused_where_they_cannot_run(load_tiny):
     text = load_tiny("tiny-llama")
-    with pytest.raises(PlanError, match=r"capture\[1\]\.site: tiny-llama: a text-only model \(llama\) has no site 'vision_layer'"):
+    with pytest.raises(PlanError, match=r"capture\[1\]\.site: tiny-llama: a text-only model has no site 'vision_layer'"):
         plan_for(text, "  baseline: {}", "[{site: layer}, {site: vision_layer}]")
     model = load_tiny("tiny-gemma3")
     with pytest.raises(PlanError, match=r"capture\[0\]\.layers: tiny-gemma3: layers \[7\] out of range \(2 vision layers\)"):

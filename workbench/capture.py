@@ -14,9 +14,9 @@ Stored variables (dims; what a row is):
 - `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
   the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
   what a token id enters as, for norm atlases without loading weights in the analyses.
-- `vision (patch, vision_dim)`, `vision_hidden (patch, vision_layer, vision_dim)`: the tower's output as
+- `vision (vision_patch, vision_dim)`, `vision_hidden (vision_patch, vision_layer, vision_dim)`: the tower's output as
   the connector receives it, and the output of each listed tower layer; one row per patch of the
-  tower (tiles x patches flattened in the tower's own order), a `patch` dim of its own since the
+  tower (tiles x patches flattened in the tower's own order), a `vision_patch` dim of its own since the
   connector merges patches into fewer LLM tokens.
 - `logprobs (run, step, vocab)`: float32 log-softmax of the next-token logits at each step.
 - `generated (run, step)`: the greedy token chosen at each step.

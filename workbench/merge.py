@@ -77,7 +77,7 @@ def _sample_rows(group: zarr.Group) -> list[tuple[str, dict[str, slice], int, st
     hashes = [str(h) for h in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
     counts = {"token": np.asarray(group["run_tokens"][:], dtype=np.int64)}
     if "run_patches" in group:
-        counts["patch"] = np.asarray(group["run_patches"][:], dtype=np.int64)
+        counts["vision_patch"] = np.asarray(group["run_patches"][:], dtype=np.int64)
     ends = {dim: np.cumsum(c) for dim, c in counts.items()}
     return [(s, {dim: slice(int(ends[dim][i] - counts[dim][i]), int(ends[dim][i])) for dim in counts}, i, h)
             for i, (s, h) in enumerate(zip(samples, hashes))]

@@ -10,7 +10,7 @@ PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_generated_text")
-DIMS = ("token", "run", "patch", "layer", "decoder_layer", "vision_layer", "step", "dim", "kv", "head", "vocab",
+DIMS = ("token", "run", "vision_patch", "layer", "decoder_layer", "vision_layer", "step", "dim", "kv", "head", "vocab",
         "embed_row", "vision_dim")
 VARIABLES = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention", "logprobs", "generated",
              "embed", "final_norm", "n_tokens", "nonfinite", "vision", "vision_hidden", "embed_table_norms")

@@ -13,7 +13,7 @@ from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingT
                       PatchCapture, ResidualCapture)
 from .records import Record
 from .interventions import build_intervention, needs_source
-from .sites import PROJECTOR_PART_PREFIX, is_projector_site, site as site_entry
+from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
 from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 
 SpecPath = tuple[Any, ...]
@@ -83,11 +83,10 @@ class _Checker:
         arch = self.info.arch
         parts = [PROJECTOR_PART_PREFIX + p for p in arch.projector_parts]
         if site_entry(site).vision and not arch.is_multimodal:
-            self.add(path, f"a text-only model ({arch.family}) has no site {site!r}; expected a site of a text model")
+            self.add(path, f"a text-only model has no site {site!r}; expected a site of a text model")
         elif site not in allowed:
             self.add(path, f"site {site!r} cannot be {what}; expected one of {', '.join(allowed)}")
-        elif site.startswith(PROJECTOR_PART_PREFIX) and site_entry(site).name not in ("projector.merger",) \
-                and site not in parts:
+        elif site not in SITES and site not in parts:  # a connector part of another family
             self.add(path, f"{arch.family}'s connector has no part {site!r}; expected one of {', '.join(parts)}")
         else:
             return True

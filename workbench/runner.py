@@ -42,8 +42,8 @@ VARIABLE_DIMS = {
     "embed": ("token", "dim"),
     "final_norm": ("token", "dim"),
     # vision-tower rows: patches (before the connector merges them), a row dim of their own
-    "vision": ("patch", "vision_dim"),
-    "vision_hidden": ("patch", "vision_layer", "vision_dim"),
+    "vision": ("vision_patch", "vision_dim"),
+    "vision_hidden": ("vision_patch", "vision_layer", "vision_dim"),
     "embed_table_norms": ("run", "embed_row"),
 }
 _LOG = logging.getLogger("workbench.runner")
@@ -183,7 +183,7 @@ def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.nd
         variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
     if result.patches:  # each patch's index within its sample's tower rows
         n_patches = next(iter(result.patches.values())).shape[0]
-        variables["patch_position"] = Variable(("patch",), np.arange(n_patches, dtype=np.int64))
+        variables["patch_position"] = Variable(("vision_patch",), np.arange(n_patches, dtype=np.int64))
     return variables
 
 

@@ -16,7 +16,7 @@ read at the input of decoder layer l, index L at the input of the final norm.
 Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
 mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
 have one row per vision patch (before any merging: their count differs from the LLM's vision
-tokens), stored along their own `patch` dim. The connector's parts (`Architecture.projector_parts`)
+tokens), stored along their own `vision_patch` dim. The connector's parts (`Architecture.projector_parts`)
 are sites `projector.<part>` (e.g. `projector.mm_soft_emb_norm`), edited like `projector`.
 
 Shipped to NDIF servers with the plan: builtins, numpy and `Record` only.
@@ -53,8 +53,6 @@ PROJECTOR_PART_PREFIX = "projector."
 
 SITES: dict[str, Site] = {s.name: s for s in (
     Site("embed", 0, variable="embed", editable=True, access="sequence"),
-    # the input embedding table's row norms (what each token id embeds to), read from the weights
-    Site("embed_table", 0, variable="embed_table_norms", access="weights"),
     Site("vision", 2, vision=True, variable="vision", editable=True, access="patches"),
     Site("vision_layer", 1, index="vision_layer", vision=True, variable="vision_hidden", editable=True, access="patches"),
     Site("projector", 3, vision=True, editable=True, access="modules"),
@@ -65,6 +63,8 @@ SITES: dict[str, Site] = {s.name: s for s in (
     Site("values", 4, index="decoder_layer", variable="values", access="cache"),
     Site("final_norm", 5, variable="final_norm", access="sequence"),
     Site("logits", 6, variable="logprobs", access="head"),
+    # the input embedding table's row norms (what each token id embeds to), read from the weights
+    Site("embed_table", 0, variable="embed_table_norms", access="weights"),
 )}
 # a connector part `projector.<part>`: an edit of that module's output, like `projector`
 PROJECTOR_PART = Site("projector.<part>", 3, vision=True, editable=True, access="modules")

@@ -100,7 +100,7 @@ class StoreIdentityError(StoreError):
 
 @dataclass
 class Variable:
-    """One captured array for one sample. `dims[0]` is "token" (per position), "patch" (per
+    """One captured array for one sample. `dims[0]` is "token" (per position), "vision_patch" (per
     vision-tower row) or "run" (one row per sample); `coords` labels the other dims (e.g.
     {"layer": [0, 1, 2]})."""
 
@@ -264,6 +264,8 @@ def _chunk_rows(row_shape: tuple[int, ...], itemsize: int, floor: int) -> int:
 
 
 _LABEL_CHUNK = {"token": 4096, "run": 256}
+# the row dim of vision-tower captures (one row per patch, before the connector merges them)
+PATCH_DIM = "vision_patch"
 
 
 def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
@@ -494,9 +496,9 @@ class StoreWriter:
             rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
             rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
             rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
-            n_patches = _row_count(variables, "patch")
+            n_patches = _row_count(variables, PATCH_DIM)
             if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
-                rows["patch_sample"] = Variable(("patch",), np.full(n_patches, sample_id, dtype=object))
+                rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id, dtype=object))
                 rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
             shapes = _check_layout(group.path, rows, state)
             # every array's create/resize/write in one batch: one trip through zarr's event loop
@@ -505,7 +507,7 @@ class StoreWriter:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(f"{model_id} | {condition} | {sample_id}")
         self._pending_provenance = None
-        state.commit(sample_id, n_tokens, shapes, rows, _row_count(variables, "patch") or 0)
+        state.commit(sample_id, n_tokens, shapes, rows, _row_count(variables, PATCH_DIM) or 0)
         return snapshot
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
@@ -671,7 +673,7 @@ class _ConditionState:
 
     def offset(self, dim: str) -> int:
         """Rows already committed along a row dim (token, patch or run)."""
-        return {"token": self.tokens, "patch": self.patches, "run": self.runs}[dim]
+        return {"token": self.tokens, PATCH_DIM: self.patches, "run": self.runs}[dim]
 
     def commit(self, sample_id: str, n_tokens: int, shapes: dict[str, tuple[int, ...]], rows: dict[str, Variable],
                n_patches: int = 0) -> None:
@@ -719,11 +721,14 @@ def _token_count(variables: dict[str, Variable]) -> int:
     return count
 
 
+ROW_NAMES = {"token": "tokens", PATCH_DIM: "patches"}
+
+
 def _row_count(variables: dict[str, Variable], dim: str) -> int | None:
     """The number of rows the variables with leading `dim` share (None: there are none)."""
     lengths = {v.data.shape[0] for v in variables.values() if v.dims[0] == dim}
     if len(lengths) > 1:
-        raise StoreError(f"{dim} variables disagree on the number of {dim}es: {sorted(lengths)}")
+        raise StoreError(f"{dim} variables disagree on the number of {ROW_NAMES.get(dim, dim)}: {sorted(lengths)}")
     return lengths.pop() if lengths else None
 
 
@@ -874,7 +879,7 @@ def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndar
 
 
 RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
-PATCH_PREFIX = "patch_"  # per-patch labels (vision-tower rows), likewise
+PATCH_PREFIX = "patch_"  # per-patch labels (vision-tower rows, dim PATCH_DIM), likewise
 
 
 @contextlib.contextmanager
@@ -930,11 +935,11 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
         run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
         **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
     ).set_coords([c for c in ("run_sample", "run_input", *TEXT_LABELS) if c in runs.data_vars])
-    patches = ds[[v for v in ds.data_vars if "patch" in ds[v].dims]]
-    k = patches.sizes.get("patch", 0)
+    patches = ds[[v for v in ds.data_vars if PATCH_DIM in ds[v].dims]]
+    k = patches.sizes.get(PATCH_DIM, 0)
     patches = patches.assign_coords(
-        patch_condition=("patch", np.full(k, condition, dtype=object).astype(str)),
-        **{PATCH_PREFIX + name: ("patch", np.full(k, value)) for name, value in sweep.items()},
+        patch_condition=(PATCH_DIM, np.full(k, condition, dtype=object).astype(str)),
+        **{PATCH_PREFIX + name: (PATCH_DIM, np.full(k, value)) for name, value in sweep.items()},
     ).set_coords([c for c in PATCH_LABELS if c in patches.data_vars])
     return tokens, runs, patches
 
@@ -985,10 +990,10 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
     tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"], index)
     runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"], index)
     parts = [tokens, runs]
-    if any(p.sizes.get("patch", 0) for p in patch_parts):
-        patches = _concat([p for p in patch_parts if p.sizes.get("patch", 0)], "patch",
+    if any(p.sizes.get(PATCH_DIM, 0) for p in patch_parts):
+        patches = _concat([p for p in patch_parts if p.sizes.get(PATCH_DIM, 0)], PATCH_DIM,
                           {PATCH_PREFIX + v: v for v in sweep_vars})
-        parts.append(_label_index(patches, "patch", ["patch_condition", *(PATCH_PREFIX + v for v in sweep_vars),
+        parts.append(_label_index(patches, PATCH_DIM, ["patch_condition", *(PATCH_PREFIX + v for v in sweep_vars),
                                                      *PATCH_LABELS], index))
     ds = xr.merge(parts, compat="override", join="outer")
     for variable in ds.variables.values():  # the source arrays' chunking says nothing of the concatenation
