@@ -333,7 +333,26 @@ def test_vision_sites_are_refused_where_they_cannot_run(load_tiny):
         plan_for(model, "  a: {interventions: [{kind: scale, site: projector.linear_1, factor: 2}]}")
     with pytest.raises(PlanError, match=r"does not run without an image"):
         plan_for(model, "  a: {image: none, interventions: [{kind: scale, site: vision, factor: 2}]}")
+    with pytest.raises(PlanError, match=r"'projector.avg_pool' runs before 'projector', listed above it"):
+        plan_for(model, "  a: {interventions: [{kind: scale, site: projector, factor: 2},\n"
+                        "                      {kind: scale, site: projector.avg_pool, factor: 2}]}")
     qwen = load_tiny("tiny-qwen3vl")
     with pytest.raises(PlanError, match="DeepStack mergers run inside the vision tower"):
         plan_for(qwen, "  a: {interventions: [{kind: scale, site: projector, factor: 2}]}", "[{site: vision}]")
     plan_for(qwen, "  a: {interventions: [{kind: scale, site: projector.merger, factor: 2}]}", "[{site: vision}]")
+
+
+def test_two_connector_edits_in_execution_order_equal_hooks(load_tiny):
+    """A part edit, then the whole projector's, in one condition: both applied, as two hooks."""
+    model = load_tiny("tiny-llava_onevision")
+    plan = plan_for(model, "  both: {interventions: [{kind: scale, site: projector.linear_1, factor: 0.5},\n"
+                           "                         {kind: scale, site: projector, factor: 3.0}]}")
+    both, inputs = run(model, plan, "both")
+    hf = model.hf
+    handles = [m.register_forward_hook(lambda m, a, o: o * 0.5) for m in modules(hf, model.arch.projector_parts["linear_1"])]
+    try:
+        reference, _ = hooked(model, inputs["real"].encoding, projector_factor=3.0)
+    finally:
+        for h in handles:
+            h.remove()
+    np.testing.assert_allclose(both.tokens["hidden"], reference, atol=ATOL, rtol=0)

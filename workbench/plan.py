@@ -152,7 +152,7 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         if raw.kind in ("add", "patch") and access == "patches":
             check.add(path + ("kind",), f"'{raw.kind}' acts at sequence sites and the projector; expected scale or "
                       f"zero at {raw.site!r}")
-        if raw.kind == "normalize" and not is_projector_site(raw.site):
+        if raw.kind == "normalize" and raw.site not in ("projector", "projector.merger"):  # rows of LLM width
             check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
         if source is not None and raw.site not in ("embed", "layer"):
@@ -164,7 +164,27 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
         items.append(build_intervention(raw, layers))
     _projector_order(instance, check, base)
+    _connector_part_order(instance, check, base)
     return tuple(items)
+
+
+def _connector_part_order(instance: Any, check: _Checker, base: SpecPath) -> None:
+    """Connector edits of one condition share a stage, so nnsight is asked for them in the order
+    the spec lists them; a part that runs earlier than an edit listed before it would be asked
+    for after the forward ran past it (`OutOfOrderError` mid-run). Refuse that here: parts in the
+    family's order (`Architecture.projector_parts`), the whole projector or merger after them."""
+    parts = list(check.info.arch.projector_parts)
+
+    def rank(site: str) -> int:
+        part = site[len(PROJECTOR_PART_PREFIX):]
+        return parts.index(part) if site not in SITES and part in parts else len(parts)
+
+    edits = [(j, raw.site) for j, raw in enumerate(instance.interventions) if is_projector_site(raw.site)]
+    for (_, before), (j, site) in zip(edits, edits[1:]):
+        if rank(site) < rank(before):
+            order = ", ".join(PROJECTOR_PART_PREFIX + p for p in parts)
+            check.add(base + (j, "site"), f"{site!r} runs before {before!r}, listed above it; expected the "
+                      f"connector edits in execution order ({order}, then projector / projector.merger)")
 
 
 def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> None:
