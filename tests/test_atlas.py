@@ -67,6 +67,12 @@ def test_vision_rows_have_their_own_dim_labels_and_resume(atlas_store, load_tiny
     capsys.readouterr()
     assert _run(atlas_store) == 0  # a rerun resumes: everything is stored
     assert f"wrote 0 and skipped {N * len(VLMS)}" in capsys.readouterr().out
+    # a resume that would capture other vision layers is refused, naming the difference
+    changed = atlas_store.parent / "changed.yaml"
+    changed.write_text(SPEC.read_text().replace("{site: vision_layer}", "{site: vision_layer, layers: [0]}"))
+    assert main(["run", str(changed), "--models", VLMS[0], "--limit", str(N), "--store", str(atlas_store),
+                 "--no-progress", "--no-table"]) == 2
+    assert "PatchCapture(site='vision_layer', layers=(0,))" in capsys.readouterr().err
 
 
 def _reference(model, samples) -> dict[str, np.ndarray | float]:
