@@ -4,16 +4,17 @@ again by the store writer."""
 
 from __future__ import annotations
 
+from .sites import VARIABLE_DIMS
+
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 # vision-tower rows (`patch` dim): the sample and the row's index within it
 PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_generated_text")
-DIMS = ("token", "run", "vision_patch", "layer", "decoder_layer", "vision_layer", "step", "dim", "kv", "head", "vocab",
-        "embed_row", "vision_dim")
-VARIABLES = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention", "logprobs", "generated",
-             "embed", "final_norm", "n_tokens", "nonfinite", "vision", "vision_hidden", "embed_table_norms")
+# every capture's variable and dims come from the site registry
+DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
+VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")
 RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
                             *RUN_LABELS, *TEXT_LABELS, *DIMS, *VARIABLES})
 

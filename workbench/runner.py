@@ -28,24 +28,9 @@ from tqdm.auto import tqdm
 from .checks import nonfinite_report
 from .errors import Interrupted, Terminated
 from .plan import ModelPlan, compile_plan
+from .sites import VARIABLE_DIMS  # dims of every stored capture, from the site registry
 from .store import StoreWriter, Variable
 
-# dims of every stored capture (see workbench.capture)
-VARIABLE_DIMS = {
-    "hidden": ("token", "layer", "dim"),
-    "keys": ("token", "decoder_layer", "kv"),
-    "values": ("token", "decoder_layer", "kv"),
-    "prefill_vision_mass": ("token", "decoder_layer", "head"),
-    "decode_attention": ("token", "step", "decoder_layer", "head"),
-    "logprobs": ("run", "step", "vocab"),
-    "generated": ("run", "step"),
-    "embed": ("token", "dim"),
-    "final_norm": ("token", "dim"),
-    # vision-tower rows: patches (before the connector merges them), a row dim of their own
-    "vision": ("vision_patch", "vision_dim"),
-    "vision_hidden": ("vision_patch", "vision_layer", "vision_dim"),
-    "embed_table_norms": ("run", "embed_row"),
-}
 _LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 

@@ -2,10 +2,12 @@
 
 A site says where it runs (`stage`: nnsight serves requests only in execution order, so every
 operation carries an `order` key built here and the backend sorts by it), which index a per-layer
-site takes, whether it needs a vision tower, which variable a capture stores, whether an
-intervention may edit it, and how its value is reached (`access`, resolved by `site_tensor` /
-`site_envoys`). The spec's, the plan's and the interventions' site lists are derived from it, so
-adding a site is adding one entry (plus, for a new `access`, its resolver below).
+site takes, whether it needs a vision tower, which variables (with their dims) a capture stores,
+whether an intervention may edit it, and how its value is reached (`access`, resolved by
+`site_tensor` / `site_envoys`). The spec's, the plan's and the interventions' site lists, the
+runner's variable dims and the store's reserved names are derived from it. Adding a site is adding
+its entry; a new kind of value also needs its resolver below (`access`), and a capturable one its
+reader in `workbench.capture` and the plan's line that builds that reader.
 
 Residual-stream convention, the same for every architecture: `layer` index 0 is the LLM input (the
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
@@ -38,33 +40,45 @@ class Site(Record):
     index: the index a per-layer site takes: `layer` (residual 0..L), `decoder_layer` (0..L-1),
       `vision_layer` (0..V-1); None: one value per forward
     vision: exists only on a model with a vision tower
-    variable: the stored variable of a capture (None: cannot be captured)
+    stores: {variable: dims} a capture of it writes (empty: cannot be captured); the first
+      dim is the row dim: `token` (one row per prompt position), `vision_patch` (per patch of
+      the vision tower) or `run` (one row per sample and condition)
     editable: scale / zero / ... may change it
     access: how its value is reached: `sequence` (a (batch, seq, dim) tensor over the LLM's
       positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
       edits act on every row), `modules` (the outputs of connector modules), `weights` (a
       parameter, read once per run), `attention`, `cache`, `head` (read by their captures)"""
 
-    _fields = ("name", "stage", "index", "vision", "variable", "editable", "access")
-    _defaults = {"index": None, "vision": False, "variable": None, "editable": False}
+    _fields = ("name", "stage", "index", "vision", "stores", "editable", "access")
+    _defaults = {"index": None, "vision": False, "editable": False}
+    _factories = {"stores": dict}
+
+    @property
+    def variable(self) -> str | None:
+        """The main stored variable (None: the site cannot be captured)."""
+        return next(iter(self.stores), None)
 
 
 PROJECTOR_PART_PREFIX = "projector."
 
 SITES: dict[str, Site] = {s.name: s for s in (
-    Site("embed", 0, variable="embed", editable=True, access="sequence"),
-    Site("vision", 2, vision=True, variable="vision", editable=True, access="patches"),
-    Site("vision_layer", 1, index="vision_layer", vision=True, variable="vision_hidden", editable=True, access="patches"),
+    Site("embed", 0, stores={"embed": ("token", "dim")}, editable=True, access="sequence"),
+    Site("vision", 2, vision=True, stores={"vision": ("vision_patch", "vision_dim")}, editable=True,
+         access="patches"),
+    Site("vision_layer", 1, index="vision_layer", vision=True,
+         stores={"vision_hidden": ("vision_patch", "vision_layer", "vision_dim")}, editable=True, access="patches"),
     Site("projector", 3, vision=True, editable=True, access="modules"),
     Site("projector.merger", 3, vision=True, editable=True, access="modules"),
-    Site("layer", 4, index="layer", variable="hidden", editable=True, access="sequence"),
-    Site("attention", 4, index="decoder_layer", variable="prefill_vision_mass", access="attention"),
-    Site("keys", 4, index="decoder_layer", variable="keys", access="cache"),
-    Site("values", 4, index="decoder_layer", variable="values", access="cache"),
-    Site("final_norm", 5, variable="final_norm", access="sequence"),
-    Site("logits", 6, variable="logprobs", access="head"),
+    Site("layer", 4, index="layer", stores={"hidden": ("token", "layer", "dim")}, editable=True, access="sequence"),
+    Site("attention", 4, index="decoder_layer", access="attention",
+         stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
+                 "decode_attention": ("token", "step", "decoder_layer", "head")}),
+    Site("keys", 4, index="decoder_layer", stores={"keys": ("token", "decoder_layer", "kv")}, access="cache"),
+    Site("values", 4, index="decoder_layer", stores={"values": ("token", "decoder_layer", "kv")}, access="cache"),
+    Site("final_norm", 5, stores={"final_norm": ("token", "dim")}, access="sequence"),
+    Site("logits", 6, stores={"logprobs": ("run", "step", "vocab"), "generated": ("run", "step")}, access="head"),
     # the input embedding table's row norms (what each token id embeds to), read from the weights
-    Site("embed_table", 0, variable="embed_table_norms", access="weights"),
+    Site("embed_table", 0, stores={"embed_table_norms": ("run", "embed_row")}, access="weights"),
 )}
 # a connector part `projector.<part>`: an edit of that module's output, like `projector`
 PROJECTOR_PART = Site("projector.<part>", 3, vision=True, editable=True, access="modules")
@@ -94,6 +108,8 @@ VISION_SITES = tuple(n for n, s in SITES.items() if s.vision)
 PER_LAYER_SITES = tuple(n for n, s in SITES.items() if s.index)
 PROJECTOR_SITES = tuple(n for n, s in SITES.items() if s.access == "modules")
 SITE_STAGE = {n: s.stage for n, s in SITES.items()}
+# dims of every stored capture variable, e.g. VARIABLE_DIMS["hidden"] == ("token", "layer", "dim")
+VARIABLE_DIMS = {v: dims for s in SITES.values() for v, dims in s.stores.items()}
 
 
 def is_projector_site(name: str) -> bool:
