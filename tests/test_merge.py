@@ -81,25 +81,14 @@ def test_bad_shard_argument_exits_2(sharded, capsys):
     assert exit_.value.code == 2 and "expected k/N with 0 <= k < N" in capsys.readouterr().err
 
 
-VISION_SPEC = """\
-name: vision-shards
-models: [tiny-gemma3]
-data: {{source: builtin, n: 3}}
-conditions:
-  baseline: {{}}
-capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}]
-store: {{path: {store}}}
-"""
-
-
 def test_merge_keeps_each_samples_vision_patch_rows(tmp_path, workbench_cache):
     """Vision-tower rows have their own row dim: a merge takes each sample's patch rows (counted
-    per run in run_patches) with its token rows."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(VISION_SPEC.format(store=tmp_path / "run.zarr"))
+    per run in run_patches) with its token rows (the norm atlas spec, on tiny Gemma-3)."""
+    atlas = ["run", str(ROOT / "specs" / "norm_atlas.yaml"), "--models", "tiny-gemma3", "--limit", "3",
+             "--store", str(tmp_path / "run.zarr"), "--no-progress", "--no-table"]
     for k in range(2):
-        assert main(["run", str(spec), "--shard", f"{k}/2", "--no-progress", "--no-table"]) == 0
-    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+        assert main([*atlas, "--shard", f"{k}/2"]) == 0
+    assert main(atlas) == 0
     merged = tmp_path / "merged.zarr"
     assert main(["merge", str(merged), *(str(tmp_path / f"run.shard{k}of2.zarr") for k in range(2))]) == 0
     assert_same_store(merged, tmp_path / "run.zarr", ("tiny-gemma3",))
