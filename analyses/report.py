@@ -34,10 +34,8 @@ SECTIONS = (
     ("Vision-token keys and values under α", None, ["kv-cosine"], ["kv_cosine_vs_alpha"]),
     ("KV-cache substitution", None, ["kv-substitution"], []),
     ("Norm growth and update size with depth", None, ["depth"], ["depth"]),
-    ("Norms across the vision-language interface (norm atlas)",
-     "vision tokens enter the LLM one to two orders of magnitude above text, with the gap set by the tower "
-     "and left or closed by the connector (the normalization guide)",
-     ["atlas"], ["norm_ladder"]),
+    # no claim quoted: the study measured two models; the cross-family question is the guide's
+    ("Norms across the vision-language interface (norm atlas)", None, ["atlas"], ["norm_ladder"]),
 )
 def _store_summary(store: Path) -> list[str]:
     info = store_info(store)

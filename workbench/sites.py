@@ -18,8 +18,14 @@ read at the input of decoder layer l, index L at the input of the final norm.
 Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
 mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
 have one row per vision patch (before any merging: their count differs from the LLM's vision
-tokens), stored along their own `vision_patch` dim. The connector's parts (`Architecture.projector_parts`)
-are sites `projector.<part>` (e.g. `projector.mm_soft_emb_norm`), edited like `projector`.
+tokens), stored along their own `vision_patch` dim. The connector's parts
+(`Architecture.projector_parts`) are sites `projector.<part>` (e.g. `projector.mm_soft_emb_norm`),
+edited like `projector`; not captured (their layouts differ: Gemma-3's `avg_pool` output is
+channels-first), the connector's output being `layer` 0 at the vision tokens.
+
+Stages order whole sites. Where a connector module runs inside the vision tower (Qwen3-VL's
+DeepStack mergers, between its blocks) that order is not the forward's, and the plan refuses the
+combinations it would break (`workbench.plan`).
 
 Shipped to NDIF servers with the plan: builtins, numpy and `Record` only.
 """
