@@ -24,7 +24,7 @@ ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a s
 ANALYZE_DESCRIPTION = (
     "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
     "relative update and rotation, text-curve correlations, the α sweep (norm ratio, attention KL, logit KL, "
-    "median rank), K/V cosines and KV substitution. Results are cached in STORE/_analyses and reused while "
+    "median rank), K/V cosines, KV substitution, depth and the norm atlas across the vision-language interface. Results are cached in STORE/_analyses and reused while "
     "the store is unchanged. Tables whose inputs the store lacks are skipped with one line each."
 )
 REPORT_HELP = "write the study's figures (PNG) and tables into DIR/report.md"

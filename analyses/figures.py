@@ -14,6 +14,7 @@ Colours are fixed across figures: one per modality (`MODALITY_COLORS`), one per 
 | kl_vs_alpha.png           | attention KL and logit KL against α (log x), per model                  |
 | kv_cosine_vs_alpha.png    | cos(K′, K) and cos(V′, V) at vision tokens against α (log x), per model |
 | depth.png                 | mean ‖h_l‖ and ‖h_l − h_{l−1}‖/‖h_{l−1}‖ per layer over all tokens, per model |
+| norm_ladder.png           | the norm atlas: mean norm per stage (vision layers → LLM input), vision vs text, per model |
 
 A figure is drawn only from what the store holds: a curve over layers needs two or more layers,
 a modality is drawn only where it has tokens; a figure none of the models can fill is skipped
@@ -32,6 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from . import attention, kv, logits, norms, rotation, updates
+from .bootstrap import STATS
 from .cache import MissingInputs
 from .tables import Options, _missing, _sweep_conditions
 
@@ -333,18 +335,25 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
     return fig_file
 
 
+def _from_table(name: str, title: str, build: Callable, models: dict[str, xr.Dataset],
+                options: Options) -> tuple[FigureFile, xr.Dataset | None]:
+    """A figure drawn from a table's data: the data, or None with the table's reason to skip."""
+    fig_file = FigureFile(name, title)
+    table = build(models, options)
+    if table.skipped or table.data is None:
+        fig_file.skipped = table.skipped or "no model in the store"
+        return fig_file, None
+    return fig_file, table.data
+
+
 def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `depth` table as curves: norm growth and the update ratio per layer, one line per model."""
     from .tables import depth_table
 
-    ref = options.reference
-    title = f"Residual-stream norm and update ratio by depth (all tokens, {ref})"
-    fig_file = FigureFile("depth.png", title)
-    table = depth_table(models, options)
-    if table.skipped or table.data is None:
-        fig_file.skipped = table.skipped or "no model in the store"
+    title = f"Residual-stream norm and update ratio by depth (all tokens, {options.reference})"
+    fig_file, data = _from_table("depth.png", title, depth_table, models, options)
+    if data is None:
         return fig_file
-    data = table.data
     colors = model_colors(list(models))
     fig, axes = _grid(1, 2)
     for model in data.model.values:
@@ -362,6 +371,52 @@ def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureF
     return fig_file
 
 
+def ladder_stages(n_vision_layers: int) -> list[str]:
+    """The x axis of a norm ladder: the tower's layers, its output, the embedding table, the LLM input."""
+    return [f"vision L{l}" for l in range(n_vision_layers)] + ["tower output", "embedding table", "LLM input"]
+
+
+def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `atlas` table as a ladder per model: mean norm (log) at each stage of the interface.
+    Vision: each tower layer, the tower's output, the connector's output at the LLM input (CI
+    bands). Text: the embedding table's mean row norm (error bar: p5–p95 of the vocabulary) and the
+    text tokens at the LLM input."""
+    from .tables import atlas_table
+
+    title = f"Norm ladder across the vision-language interface ({options.reference})"
+    fig_file, data = _from_table("norm_ladder.png", title, atlas_table, models, options)
+    if data is None:
+        return fig_file
+    names = [str(m) for m in data.model.values]
+    n_cols = min(4, len(names))
+    fig, axes = _grid(-(-len(names) // n_cols), n_cols, width=4.2)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, names):
+        row = data.sel(model=model)
+        layers = row["vision_layer_norm"].dropna("vision_layer", how="all")
+        n = layers.sizes["vision_layer"]
+        stages = ladder_stages(n)
+        # vision: tower layers 0..n-1, the tower's output at n, the connector's output at n + 2
+        vision = np.concatenate([layers.transpose("vision_layer", "stat").values,
+                                 row["vision_norm"].values[None], row["connector_norm"].values[None]])
+        x = [*range(n + 1), n + 2]
+        _band(ax, x, xr.DataArray(vision, dims=("x", "stat"), coords={"stat": list(STATS)}),
+              MODALITY_COLORS["vision"], "vision", marker="o")
+        mean, low, high = (float(row[k]) for k in ("table_mean", "table_p05", "table_p95"))
+        ax.errorbar([n + 1], [mean], yerr=[[mean - low], [high - mean]], color=MODALITY_COLORS["text"], marker="s",
+                    capsize=3, linestyle="none", label="text: embedding table (p5–p95)")
+        _band(ax, [n + 2], row["text_input_norm"].expand_dims(x=1), MODALITY_COLORS["text"], "text: LLM input",
+              marker="o")
+        ax.set_xticks(range(len(stages)), stages, rotation=45, ha="right", fontsize=7)
+        ax.set(title=model, ylabel="mean L2 norm (log)", yscale="log")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
     "norms_updates": norms_updates,
     "cosine_to_first": cosine_to_first,
@@ -370,6 +425,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "kl_vs_alpha": kl_vs_alpha,
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
     "depth": depth,
+    "norm_ladder": norm_ladder,
 }
 
 

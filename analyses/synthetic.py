@@ -22,7 +22,10 @@ dims and token labels), but every tensor is built from closed-form parameters:
   over vision keys the distribution is unchanged: attention KL exactly 0, vision mass changed);
   other conditions draw fresh distributions;
 - `logprobs`: log-softmax of random logits per (sample, step); α = 1 equals the baseline (KL 0,
-  rank 0); α = 0.1 moves the baseline's top token to rank exactly `TOP_RANK_AT_0_1` at step 0.
+  rank 0); α = 0.1 moves the baseline's top token to rank exactly `TOP_RANK_AT_0_1` at step 0;
+- the vision tower (norm atlas): `PATCHES_PER_TOKEN` patches per vision token, each of norm
+  c_i · vision_layer_norm(l) in `vision_hidden` and c_i · `TOWER_NORM` in `vision` (none without
+  an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run.
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -38,6 +41,13 @@ import numpy as np
 from workbench.store import StoreWriter, Variable
 
 TOP_RANK_AT_0_1 = 3
+PATCHES_PER_TOKEN = 2
+TOWER_NORM = 40.0
+
+
+def vision_layer_norm(layer: int | np.ndarray) -> np.ndarray:
+    """Norm of every patch of sample factor 1 at vision-tower layer l."""
+    return 10.0 * (1.0 + np.asarray(layer, dtype=float))
 
 
 @dataclass
@@ -50,6 +60,8 @@ class SyntheticModel:
     vocab: int = 40
     steps: int = 2
     ratio: float = 15.0        # vision/text norm ratio at layer 0 (baseline)
+    vision_layers: int = 2
+    vision_dim: int = 8
     captures: tuple[str, ...] | None = None   # variables this model stores (None: all asked for)
     extra_conditions: tuple[str, ...] | None = None   # of blank/none/hybrid (None: all asked for)
 
@@ -61,6 +73,10 @@ class SyntheticModel:
         if modality == "boundary":
             return 2.0 * (1.0 + 0.5 * layer)
         return 1.0 + 5.0 * layer
+
+    def table(self) -> np.ndarray:
+        """Row norms of the embedding table (vocab,): a fixed spread around 1."""
+        return 0.5 + (np.arange(self.vocab) * 0.37) % 1.0
 
     def cos(self, modality: str, layer: int | np.ndarray) -> np.ndarray:
         """cos(h_l, h_0): the rotation angle grows linearly with the layer, at a per-modality rate."""
@@ -155,7 +171,7 @@ def write_synthetic_store(
     alphas: tuple[float, ...] = (0.1, 1.0, 3.0),
     extra_conditions: tuple[str, ...] = ("blank", "none", "hybrid"),
     variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention",
-                                  "logprobs", "generated"),
+                                  "logprobs", "generated", "vision", "vision_hidden", "embed_table_norms"),
     jitter: float = 0.0,
     seed: int = 0,
     first_sample: int = 0,
@@ -179,7 +195,8 @@ def write_synthetic_store(
                     tensors = _condition_tensors(m, crng, base, i_sample, condition, alpha, jitter)
                     keep = set(variables) & set(m.captures or variables)
                     tensors = {name: v for name, v in tensors.items() if name in keep or name in
-                               ("position", "modality", "token_id")}
+                               ("position", "modality", "token_id")
+                               or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
                     attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
@@ -251,6 +268,7 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     logprobs = _log_softmax(logits)
     layer, decoder_layer = np.arange(m.n_layers + 1), np.arange(m.n_layers)
     return {
+        **_tower(m, rng, i, int(vision.sum()) if with_image else 0),
         "position": Variable(("token",), np.arange(n, dtype=np.int64)),
         "modality": Variable(("token",), modality.astype(str)),
         "token_id": Variable(("token",), token_id.astype(np.int64)),
@@ -264,6 +282,22 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
         "logprobs": Variable(("run", "step", "vocab"), logprobs[None].astype(np.float32)),
         "generated": Variable(("run", "step"), logprobs.argmax(-1)[None].astype(np.int64)),
     }
+
+
+def _tower(m: SyntheticModel, rng: np.random.Generator, i: int, n_vision: int) -> dict[str, Variable]:
+    """The vision-tower captures and the embedding table of one run (see the module doc)."""
+    out = {"embed_table_norms": Variable(("run", "embed_row"), m.table()[None].astype(np.float32))}
+    if not n_vision:
+        return out
+    n = PATCHES_PER_TOKEN * n_vision
+    directions = _unit(rng.standard_normal((n, m.vision_layers + 1, m.vision_dim)))
+    scale = sample_factor(i) * np.append(vision_layer_norm(np.arange(m.vision_layers)), TOWER_NORM)
+    rows = directions * scale[None, :, None]
+    out["vision_hidden"] = Variable(("vision_patch", "vision_layer", "vision_dim"), rows[:, :-1].astype(np.float32),
+                                    {"vision_layer": np.arange(m.vision_layers)})
+    out["vision"] = Variable(("vision_patch", "vision_dim"), rows[:, -1].astype(np.float32))
+    out["patch_position"] = Variable(("vision_patch",), np.arange(n, dtype=np.int64))
+    return out
 
 
 def synthetic_store_once(path: str | Path, **kwargs) -> SyntheticStore:

@@ -13,6 +13,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `kv-cosine`       | model × α            | cos(K′,K), cos(V′,V) at vision tokens (`kv.kv_cosine`)                |
 | `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
+| `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -35,7 +36,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import attention, correlation, kv, logits, norms, rotation, updates
+from . import atlas, attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -204,7 +205,10 @@ def without_nonfinite(ds: xr.Dataset) -> tuple[xr.Dataset, int]:
     bad = set(as_str(ds["run_sample"].values)[flagged].tolist())
     keep_tokens = ~np.isin(as_str(ds["sample"].values), list(bad))
     keep_runs = ~np.isin(as_str(ds["run_sample"].values), list(bad))
-    return ds.isel(token=keep_tokens, run=keep_runs), len(bad)
+    rows = {"token": keep_tokens, "run": keep_runs}
+    if "patch_sample" in ds.coords:  # vision-tower rows (the norm atlas)
+        rows[ds["patch_sample"].dims[0]] = ~np.isin(as_str(ds["patch_sample"].values), list(bad))
+    return ds.isel(rows), len(bad)
 
 
 class _Builder:
@@ -474,6 +478,47 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "layer l is what the l-th decoder layer wrote relative to the stream it read (n/a at "
                               "layer 0, or where layer l−1 is not stored). Per-token values and massive "
                               "activations: analyses.depth.")
+    return table
+
+
+ATLAS_COLUMNS = ["model", "family", "vision layers ‖v_l‖ (l = 0, 1, …)", "tower output ‖v‖",
+                 "connector output ‖p‖ (LLM input)", "text ‖t‖ (LLM input)", "embedding table ‖e‖ mean (p5, p50, p95)",
+                 "boundary tokens ‖e‖ (rank of V)", "vision/text ratio (LLM input)"]
+
+
+def _boundary_cell(data: xr.Dataset, vocab: int) -> str:
+    if not data.sizes.get("boundary_id"):
+        return "none"
+    return ", ".join(f"{text} {norm:.2f} ({int(rank)}/{vocab})" for text, norm, rank in
+                     zip(as_str(data["boundary_text"].values), data["boundary_norm"].values, data["boundary_rank"].values))
+
+
+def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """The norm atlas (specs/norm_atlas.yaml), one row per model: where each family's vision tokens
+    and text tokens sit in norm, from the tower to the LLM input."""
+    ref = options.reference
+    b = _Builder("atlas", f"Norm atlas across the vision-language interface (condition {ref})", ATLAS_COLUMNS, options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        data = atlas.norm_atlas(ds, ref, **options.boot())
+        vocab = ds.sizes["embed_row"]
+        layers = ", ".join(f"{v:.2f}" for v in data["vision_layer_norm"].sel(stat="value").values)
+        table = f"{float(data['table_mean']):.3f} ({float(data['table_p05']):.3f}, {float(data['table_p50']):.3f}, " \
+                f"{float(data['table_p95']):.3f})"
+        cells = [estimate(data[name], 2) if name in data else "n/a"
+                 for name in ("vision_norm", "connector_norm", "text_input_norm")]
+        ratio = estimate(data["input_ratio"], 2) if "input_ratio" in data else "n/a"
+        b.table.rows.append([model, str(ds.attrs.get("family", "?")), layers, *cells, table,
+                             _boundary_cell(data, vocab), ratio])
+        b.count(model, *(data[n] for n in ("vision_norm", "connector_norm") if n in data))
+        return data.drop_vars(["boundary_text", "boundary_id"], errors="ignore").drop_dims("boundary_id", errors="ignore")
+
+    table = b.run(models, lambda ds: _missing(ds, atlas.VARIABLES, (ref,), (0,)), fill)
+    if not table.skipped:
+        table.notes.insert(0, "Mean L2 norms: per sample over its patches (vision tower) or tokens (LLM input), then "
+                              "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
+                              "input embedding table as the embedding module outputs them (the whole vocabulary, no "
+                              "CI: one matrix); rank 1 = the largest row norm of V rows.")
     return table
 
 

@@ -212,3 +212,147 @@ def test_every_family_is_one_file_plus_its_client():
         client = importlib.import_module(f"workbench.models.architectures.tiny_{name}")
         assert callable(client.build_tiny) and callable(client.load_processor), name
     assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "smolvlm"
+
+
+# -- the vision-side sites: vision (the tower's output as the connector receives it), vision_layer
+# (each tower layer's output) and the connector parts, against plain hooks on the same modules
+
+
+def _main(value):
+    return value if isinstance(value, torch.Tensor) else value[0]
+
+
+def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
+    """With plain PyTorch hooks: each vision layer's output and the tower's output as the
+    connector receives it (rows flattened), optionally the `vision` tensor scaled (before the
+    connector reads it) or one connector part's output scaled; plus the residual stream."""
+    hf, arch = model.hf, model.arch
+    layers, vision, handles = [], [], []
+    for layer in modules(hf, arch.vision_layers)[0]:
+        handles.append(layer.register_forward_hook(lambda m, a, o: layers.append(_main(o).detach().clone())))
+    path, end = arch.vision_output
+    target = modules(hf, path)[0]
+    if end == "input":
+        def pre(m, args, kwargs):
+            x = args[0] if scale_vision is None else args[0] * scale_vision
+            vision.append(x.detach().clone())
+            return (x, *args[1:]), kwargs
+        handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
+    else:
+        def post(m, args, out):
+            x = _main(out)
+            if scale_vision is not None:
+                x.mul_(scale_vision)  # the tower returns a ModelOutput: edit its tensor in place
+            vision.append(x.detach().clone())
+        handles.append(target.register_forward_hook(post))
+    if scale_part is not None:
+        part, factor = scale_part
+        handles += [m.register_forward_hook(lambda m, a, o: o * factor)
+                    for m in modules(hf, arch.projector_parts[part])]
+    try:
+        residual, _ = hooked(model, encoding)
+    finally:
+        for h in handles:
+            h.remove()
+    flat = lambda t: t.reshape(-1, t.shape[-1]).numpy()
+    return np.stack([flat(t) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1), flat(vision[-1]), residual
+
+
+@pytest.mark.parametrize("name", VLM_FAMILIES)
+def test_vision_sites_match_plain_hooks(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, "  baseline: {}", "[{site: layer}, {site: vision}, {site: vision_layer}]")
+    result, inputs = run(model, plan, "baseline")
+    layers, vision, _ = vision_hooks(model, inputs["real"].encoding)
+    assert layers.shape[1] == model.info.n_vision_layers
+    assert result.patches["vision_hidden"].shape == layers.shape
+    np.testing.assert_allclose(result.patches["vision_hidden"], layers, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(result.patches["vision"], vision, atol=ATOL, rtol=0)
+    # patches are not LLM tokens: the tower has its own row count (before merging / pooling)
+    assert "vision" not in result.tokens and vision.shape[0] > 0
+
+
+# connectors whose first operation is a norm (RMSNorm ln_q, mm_soft_emb_norm after pooling,
+# LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output
+NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-gemma3", "tiny-internvl"}
+
+
+@pytest.mark.parametrize("name", VLM_FAMILIES)
+def test_vision_edit_matches_plain_hooks(load_tiny, name):
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  baseline: {}
+  one: {interventions: [{kind: scale, site: vision, factor: 1.0}]}
+  double: {interventions: [{kind: scale, site: vision, factor: 2.0}]}
+  layer0: {interventions: [{kind: scale, site: vision_layer, layers: [0], factor: 0.5}]}""",
+                    "[{site: layer}, {site: vision}]")
+    base, inputs = run(model, plan, "baseline")
+    one, _ = run(model, plan, "one")
+    double, _ = run(model, plan, "double")
+    np.testing.assert_allclose(one.tokens["hidden"], base.tokens["hidden"], atol=ATOL, rtol=0)
+    _, vision, reference = vision_hooks(model, inputs["real"].encoding, scale_vision=2.0)
+    np.testing.assert_allclose(double.patches["vision"], vision, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(double.patches["vision"], 2 * base.patches["vision"], atol=ATOL, rtol=1e-6)
+    np.testing.assert_allclose(double.tokens["hidden"], reference, atol=ATOL, rtol=0)
+    # the projector output (layer 0 at vision rows) moves, unless the connector normalizes first
+    rows = inputs["real"].modality == "vision"
+    moved = np.abs(double.tokens["hidden"][rows, 0] - base.tokens["hidden"][rows, 0]).max()
+    assert (moved < 1e-4) if name in NORM_FIRST else (moved > 1e-4), moved
+    # an edit inside the tower changes what comes out of it
+    layer0, _ = run(model, plan, "layer0")
+    assert np.abs(layer0.patches["vision"] - base.patches["vision"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", VLM_FAMILIES)
+def test_connector_parts_are_sites(load_tiny, name):
+    """Each declared connector part is the site `projector.<part>`: scaling it equals scaling that
+    module's output with a plain hook."""
+    model = load_tiny(name)
+    base, _ = run(model, plan_for(model, "  baseline: {}"), "baseline")
+    moved = {}
+    for part in model.arch.projector_parts:
+        if f"projector.{part}" == "projector.merger":
+            continue  # the merger site itself (checked with `projector` above)
+        plan = plan_for(model, f"  half: {{interventions: [{{kind: scale, site: projector.{part}, factor: 0.5}}]}}")
+        half, inputs = run(model, plan, "half")
+        _, _, reference = vision_hooks(model, inputs["real"].encoding, scale_part=(part, 0.5))
+        np.testing.assert_allclose(half.tokens["hidden"], reference, atol=ATOL, rtol=0, err_msg=part)
+        moved[part] = np.abs(half.tokens["hidden"] - base.tokens["hidden"]).max()
+    # some part's edit reaches the LLM (a part followed by a norm, e.g. Gemma-3's avg_pool, may not)
+    assert max(moved.values(), default=1.0) > 1e-4, moved
+
+
+def test_vision_sites_are_refused_where_they_cannot_run(load_tiny):
+    text = load_tiny("tiny-llama")
+    with pytest.raises(PlanError, match=r"capture\[1\]\.site: tiny-llama: a text-only model has no site 'vision_layer'"):
+        plan_for(text, "  baseline: {}", "[{site: layer}, {site: vision_layer}]")
+    model = load_tiny("tiny-gemma3")
+    with pytest.raises(PlanError, match=r"capture\[0\]\.layers: tiny-gemma3: layers \[7\] out of range \(2 vision layers\)"):
+        plan_for(model, "  baseline: {}", "[{site: vision_layer, layers: [7]}]")
+    with pytest.raises(PlanError, match=r"gemma3's connector has no part 'projector.linear_1'"):
+        plan_for(model, "  a: {interventions: [{kind: scale, site: projector.linear_1, factor: 2}]}")
+    with pytest.raises(PlanError, match=r"does not run without an image"):
+        plan_for(model, "  a: {image: none, interventions: [{kind: scale, site: vision, factor: 2}]}")
+    with pytest.raises(PlanError, match=r"'projector.avg_pool' runs before 'projector', listed above it"):
+        plan_for(model, "  a: {interventions: [{kind: scale, site: projector, factor: 2},\n"
+                        "                      {kind: scale, site: projector.avg_pool, factor: 2}]}")
+    qwen = load_tiny("tiny-qwen3vl")
+    with pytest.raises(PlanError, match="DeepStack mergers run inside the vision tower"):
+        plan_for(qwen, "  a: {interventions: [{kind: scale, site: projector, factor: 2}]}", "[{site: vision}]")
+    plan_for(qwen, "  a: {interventions: [{kind: scale, site: projector.merger, factor: 2}]}", "[{site: vision}]")
+
+
+def test_two_connector_edits_in_execution_order_equal_hooks(load_tiny):
+    """A part edit, then the whole projector's, in one condition: both applied, as two hooks."""
+    model = load_tiny("tiny-llava_onevision")
+    plan = plan_for(model, "  both: {interventions: [{kind: scale, site: projector.linear_1, factor: 0.5},\n"
+                           "                         {kind: scale, site: projector, factor: 3.0}]}")
+    both, inputs = run(model, plan, "both")
+    hf = model.hf
+    handles = [m.register_forward_hook(lambda m, a, o: o * 0.5) for m in modules(hf, model.arch.projector_parts["linear_1"])]
+    try:
+        reference, _ = hooked(model, inputs["real"].encoding, projector_factor=3.0)
+    finally:
+        for h in handles:
+            h.remove()
+    np.testing.assert_allclose(both.tokens["hidden"], reference, atol=ATOL, rtol=0)

@@ -79,3 +79,17 @@ def test_bad_shard_argument_exits_2(sharded, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["run", str(spec), "--shard", "3/3"])
     assert exit_.value.code == 2 and "expected k/N with 0 <= k < N" in capsys.readouterr().err
+
+
+def test_merge_keeps_each_samples_vision_patch_rows(tmp_path, workbench_cache):
+    """Vision-tower rows have their own row dim: a merge takes each sample's patch rows (counted
+    per run in run_patches) with its token rows (the norm atlas spec, on tiny Gemma-3)."""
+    atlas = ["run", str(ROOT / "specs" / "norm_atlas.yaml"), "--models", "tiny-gemma3", "--limit", "3",
+             "--store", str(tmp_path / "run.zarr"), "--no-progress", "--no-table"]
+    for k in range(2):
+        assert main([*atlas, "--shard", f"{k}/2"]) == 0
+    assert main(atlas) == 0
+    merged = tmp_path / "merged.zarr"
+    assert main(["merge", str(merged), *(str(tmp_path / f"run.shard{k}of2.zarr") for k in range(2))]) == 0
+    assert_same_store(merged, tmp_path / "run.zarr", ("tiny-gemma3",))
+    assert open_store(merged, model="tiny-gemma3").sizes["vision_patch"] > 0

@@ -146,7 +146,11 @@ def test_local_checkpoint_directory_is_a_model(tmp_path):
 
 
 def test_constants():
-    assert "projector.merger" in KNOWN_SITES and len(KNOWN_SITES) == 10
+    from workbench.sites import SITES
+
+    # the registry's sites, then each registered family's connector parts
+    assert KNOWN_SITES[: len(SITES)] == tuple(SITES)
+    assert {"vision", "vision_layer", "projector.merger", "projector.mm_soft_emb_norm", "projector.deepstack"} <= set(KNOWN_SITES)
     assert TINY_MODEL_NAMES[:3] == ("tiny-smolvlm", "tiny-qwen3vl", "tiny-llama")
 
 
@@ -247,16 +251,16 @@ BAD_SPECS = {
         "refers to itself",
     ),
     "capture of a site that cannot be captured": (
-        mutate("{site: layer, layers: all}", "{site: vision}"),
+        mutate("{site: layer, layers: all}", "{site: projector}"),
         "capture[0].site",
         27,
-        "site 'vision' cannot be captured; expected one of layer, attention,",
+        "site 'projector' cannot be captured; expected one of embed, vision, vision_layer, layer,",
     ),
     "edit of a site that cannot be edited": (
         mutate("{kind: zero, site: layer, layers: [1]}", "{kind: zero, site: attention, layers: [1]}"),
         "conditions.patched.interventions[1].site",
         24,
-        "site 'attention' cannot be edited by 'zero'; expected one of projector,",
+        "site 'attention' cannot be edited by 'zero'; expected one of embed, vision, vision_layer, projector,",
     ),
     "source cycle": (
         mutate("  blank:\n    image: blank\n", "  blank:\n    image: blank\n    interventions: [{kind: patch, site: embed, from: patched}]\n"),
@@ -536,8 +540,10 @@ def test_a_deep_acyclic_source_chain_is_valid():
 def test_capturable_and_editable_sites_agree_with_the_plan():
     from workbench import interventions, plan, spec
 
-    assert spec.EDITABLE_SITES == interventions.EDITABLE_SITES
+    # both derived from the registry (workbench.sites); the spec adds the families' connector parts
+    assert spec.EDITABLE_SITES == interventions.EDITABLE_SITES + spec.PART_SITES
     assert plan.CAPTURE_SITES is spec.CAPTURE_SITES
+    assert "vision" in spec.CAPTURE_SITES and "vision_layer" in spec.EDITABLE_SITES
 
 
 # --------------------------------------------------------------------------- kv_swap parts/layers, random add

@@ -30,7 +30,7 @@ def comparable(path: Path, model: str) -> xr.Dataset:
     wrote, so a killed-then-resumed store has one record more than an uninterrupted one."""
     ds = open_store(path, model=model).load()
     ds.attrs.pop("provenance")
-    return ds.reset_index([d for d in ("token", "run") if d in ds.indexes])
+    return ds.reset_index([d for d in ("token", "run", "vision_patch") if d in ds.indexes])
 
 
 def assert_same_store(a: Path, b: Path, models: tuple[str, ...]) -> None:

@@ -11,6 +11,13 @@ Stored variables (dims; what a row is):
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
+- `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
+  the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
+  what a token id enters as, for norm atlases without loading weights in the analyses.
+- `vision (vision_patch, vision_dim)`, `vision_hidden (vision_patch, vision_layer, vision_dim)`: the tower's output as
+  the connector receives it, and the output of each listed tower layer; one row per patch of the
+  tower (tiles x patches flattened in the tower's own order), a `vision_patch` dim of its own since the
+  connector merges patches into fewer LLM tokens.
 - `logprobs (run, step, vocab)`: float32 log-softmax of the next-token logits at each step.
 - `generated (run, step)`: the greedy token chosen at each step.
 """
@@ -22,11 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .interventions import site_tensor
 from .records import Record
-from .sites import batch_rows, order, position_index, residual_envoy
-
-CAPTURABLE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
+from .sites import batch_rows, order, position_index, residual_envoy, site, site_tensor
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,14 +116,72 @@ class ModuleOutputCapture(Record):
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
     _fields = ("site",)
+    rows = "tokens"
 
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        path = model.arch.embed if self.site == "embed" else model.arch.final_norm
-        output = batch_rows(model.module(path)[0].output, row)
-        saved.setdefault((self.site, None), []).append(to_host(output[0]))
+        saved.setdefault((self.site, None), []).append(to_host(batch_rows(site_tensor(model, self.site), row)[0]))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
+        return {self.site: torch.cat(merged[(self.site, None)], dim=0).numpy()}
+
+
+class PatchCapture(Record):
+    """A vision-tower site, one row per patch: `vision` (the tower's output as the connector
+    receives it) or `vision_layer` (each listed tower layer's output). Read in the prompt forward
+    only (decode steps do not run the tower), and not at all without an image (`image: none`)."""
+
+    _fields = ("site", "layers")
+    _defaults = {"layers": None}
+    prompt_only = True
+    rows = "patches"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
+        if self.site == "vision_layer":
+            return [(order(self.site, l, 1), l) for l in self.layers]
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        if "pixel_values" not in inputs.encoding:
+            return
+        tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        saved[(self.site, layer)] = [to_host(tensor.reshape(-1, tensor.shape[-1]))]
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        variable = site(self.site).variable
+        if self.site == "vision_layer":
+            if (self.site, self.layers[0]) not in merged:
+                return {}
+            return {variable: torch.stack([merged[(self.site, l)][0] for l in self.layers], dim=1).numpy()}
+        return {variable: merged[(self.site, None)][0].numpy()} if (self.site, None) in merged else {}
+
+
+class EmbeddingTableCapture(Record):
+    """The row norms of the input embedding table (`embed_table`), read from the embedding
+    module's weight inside the trace (so it works where the weights live, NDIF included), scaled
+    as the module scales its output (`embed_scale`, Gemma-3)."""
+
+    _fields = ("site",)
+    _defaults = {"site": "embed_table"}
+    prompt_only = True
+    rows = "run"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], None]]:
+        return [(order(self.site, None, 1), None)]
+
+    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        envoy = model.module(model.arch.embed)[0]  # the same weights for every batch row
+        norms = envoy.weight.detach().to(torch.float32).norm(dim=-1)
+        scale = getattr(envoy, "embed_scale", None)
+        if scale is not None:
+            norms = norms * float(scale)
+        saved[(self.site, None)] = [to_host(norms)]
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        return {site(self.site).variable: merged[(self.site, None)][0][None].numpy()}
 
 
 class SiteValues(Record):
@@ -187,4 +249,7 @@ class CapturePlan(Record):
         if self.attention:
             coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
             coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
+        for output in self.outputs:
+            if output.site == "vision_layer":  # the tower's own layer index, never the LLM's `layer`
+                coords["vision_hidden"] = {"vision_layer": np.asarray(output.layers)}
         return coords

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-LAYER_DIMS = ("layer", "decoder_layer")
+LAYER_DIMS = ("layer", "decoder_layer", "vision_layer")
 
 
 def nonfinite(name: str, dims: tuple[str, ...], data: np.ndarray, coords: dict[str, np.ndarray]) -> list[str]:

@@ -11,6 +11,9 @@ Sites and what "the site's value" is:
   SmolVLM's connector; for Qwen3-VL the merger AND every DeepStack merger. All rows are vision
   tokens, so positions must be `vision` or `all`.
 - `projector.merger`: the main merger alone (Qwen3-VL's DeepStack features stay untouched).
+- `projector.<part>`: one declared connector part's output (`Architecture.projector_parts`).
+- `vision`, `vision_layer`: the tower's output as the connector receives it / the output of each
+  listed vision layer; every patch row is edited (positions name LLM tokens, so `all` only).
 - `embed`: the token-embedding output (before image features are scattered in).
 - `layer`: the residual stream at each listed layer index (`workbench.sites` convention), edited
   where it enters decoder layer l (or the final norm for l = L).
@@ -24,23 +27,24 @@ import numpy as np
 import torch
 
 from .records import Record
-from .sites import batch_rows, order, position_index, residual_envoy
+from .sites import (EDITABLE_SITES, PROJECTOR_SITES, batch_rows, connector_modules, order, position_index, site,
+                    site_modules, site_tensor)
 
-EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
-PROJECTOR_SITES = ("projector", "projector.merger")
+__all__ = ["EDITABLE_SITES", "PROJECTOR_SITES", "Intervention", "Scale", "Zero", "Normalize", "Add", "Patch",
+           "apply_rows", "build_intervention", "needs_source"]
 
 
 def apply_rows(model: Any, edits: list[tuple[Any, Any, int | None, tuple[int, int] | None]]) -> None:
     """Interventions at one execution-order key, as (intervention, inputs, layer, batch row)s
-    (several rows of a batched forward). A projector site can be several modules, each served
-    once in execution order (Qwen3-VL: the DeepStack mergers, then the merger): so every row's
-    edit of one module is made before the next module is requested."""
-    if edits[0][0].site not in PROJECTOR_SITES:
+    (several rows of a batched forward). Connector sites are modules, each served once in
+    execution order (parts before the projector's output; Qwen3-VL: the DeepStack mergers, then
+    the merger): so every row's edit of one module is made before the next module is requested."""
+    if site(edits[0][0].site).access != "modules":
         for item, inputs, layer, row in edits:
             item.apply(model, inputs, layer, row)
         return
-    wanted = [set(_projector_modules(model, item.site)) for item, _, _, _ in edits]
-    for key, envoy in _projector_modules(model, "projector").items():
+    wanted = [set(site_modules(model, item.site)) for item, _, _, _ in edits]
+    for key, envoy in connector_modules(model).items():
         takers = [(item, row) for (item, _, _, row), keys in zip(edits, wanted) if key in keys]
         if not takers:
             continue
@@ -50,35 +54,26 @@ def apply_rows(model: Any, edits: list[tuple[Any, Any, int | None, tuple[int, in
             block[:] = item.edit(block, None)
 
 
-def _projector_modules(model: Any, site: str) -> dict[str, Any]:
-    """{path#index: envoy} of a projector site's modules, in execution order."""
-    paths = model.arch.projector if site == "projector" else (model.arch.projector_merger,)
-    return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}
-
-
-def site_tensor(model: Any, site: str, layer: int | None) -> torch.Tensor:
-    """The live tensor of a sequence site (`embed` or `layer`), shape (batch, seq, dim)."""
-    if site == "embed":
-        return model.module(model.arch.embed)[0].output
-    return residual_envoy(model, layer).input
-
-
 class Intervention(Record):
     _fields = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
-        if self.site == "layer":
-            return [(order("layer", l, 0), l) for l in self.layers or ()]
+        if site(self.site).index:  # layer, vision_layer
+            return [(order(self.site, l, 0), l) for l in self.layers or ()]
         return [(order(self.site, None, 0), None)]
 
     def apply(self, model: Any, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
         """Edit the site in place; `row` = (index, of): only that batch row's block (see
         `workbench.sites.batch_rows`), None: the whole batch."""
-        if self.site in PROJECTOR_SITES:
+        access = site(self.site).access
+        if access == "modules":
             apply_rows(model, [(self, inputs, layer, row)])
             return
         hidden = batch_rows(site_tensor(model, self.site, layer), row)
+        if access == "patches":  # the tower's rows are patches, not LLM positions: every row
+            hidden[:] = self.edit(hidden, layer)
+            return
         index = torch.as_tensor(position_index(self.positions, inputs.modality), device=hidden.device)
         hidden[:, index] = self.edit(hidden[:, index], layer)
 

@@ -21,7 +21,7 @@ from .store import (
     MODEL_IDENTITY, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
 )
 
-_WRITTEN_BY_STORE = {"sample", "run_sample", "run_tokens", "run_input"}  # write_sample adds these itself
+_WRITTEN_BY_STORE = {"sample", "run_sample", "run_tokens", "run_input", "patch_sample", "run_patches"}  # write_sample adds these
 
 
 class MergeError(BadInputError):
@@ -70,16 +70,20 @@ def _check_shards(shards: list[_Shard]) -> None:
                 raise MergeError(f"{first.path} and {other.path} ran {key} differently:\n    " + "\n    ".join(diff))
 
 
-def _sample_rows(group: zarr.Group) -> list[tuple[str, slice, int, str]]:
-    """(sample id, its token rows, its run row, input hash) of every sample of a condition."""
+def _sample_rows(group: zarr.Group) -> list[tuple[str, dict[str, slice], int, str]]:
+    """(sample id, its rows per row dim (token, patch), its run row, input hash) of every sample of
+    a condition."""
     samples = [str(s) for s in group["run_sample"][:]]
-    counts = np.asarray(group["run_tokens"][:], dtype=np.int64)
     hashes = [str(h) for h in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
-    ends = np.cumsum(counts)
-    return [(s, slice(int(e - c), int(e)), i, h) for i, (s, c, e, h) in enumerate(zip(samples, counts, ends, hashes))]
+    counts = {"token": np.asarray(group["run_tokens"][:], dtype=np.int64)}
+    if "run_patches" in group:
+        counts["vision_patch"] = np.asarray(group["run_patches"][:], dtype=np.int64)
+    ends = {dim: np.cumsum(c) for dim, c in counts.items()}
+    return [(s, {dim: slice(int(ends[dim][i] - counts[dim][i]), int(ends[dim][i])) for dim in counts}, i, h)
+            for i, (s, h) in enumerate(zip(samples, hashes))]
 
 
-def _variables(group: zarr.Group, tokens: slice, run: int) -> dict[str, Variable]:
+def _variables(group: zarr.Group, rows_of: dict[str, slice], run: int) -> dict[str, Variable]:
     """One sample's stored variables, as the runner handed them to the store."""
     arrays = dict(group.arrays())
     coords = {name: a for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
@@ -88,7 +92,7 @@ def _variables(group: zarr.Group, tokens: slice, run: int) -> dict[str, Variable
         if name in coords or name in _WRITTEN_BY_STORE:
             continue
         dims = tuple(array.metadata.dimension_names or ())
-        rows = tokens if dims[0] == "token" else slice(run, run + 1)
+        rows = rows_of.get(dims[0], slice(run, run + 1))
         out[name] = Variable(dims, array[rows], {d: coords[d][:] for d in dims[1:] if d in coords})
     return out
 

@@ -4,15 +4,19 @@ again by the store writer."""
 
 from __future__ import annotations
 
+from .sites import VARIABLE_DIMS
+
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
-RUN_LABELS = ("run_sample", "run_tokens", "run_input")
+# vision-tower rows (`patch` dim): the sample and the row's index within it
+PATCH_LABELS = ("patch_sample", "patch_position")
+RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_generated_text")
-DIMS = ("token", "run", "layer", "decoder_layer", "step", "dim", "kv", "head", "vocab")
-VARIABLES = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention", "logprobs", "generated",
-             "embed", "final_norm", "n_tokens", "nonfinite")
-RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", *TOKEN_LABELS, *RUN_LABELS, *TEXT_LABELS, *DIMS,
-                            *VARIABLES})
+# every capture's variable and dims come from the site registry
+DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
+VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")
+RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
+                            *RUN_LABELS, *TEXT_LABELS, *DIMS, *VARIABLES})
 
 
 def reserved_name_problem(name: str) -> str | None:

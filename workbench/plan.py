@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import AttentionCapture, CachedKVCapture, CapturePlan, ModuleOutputCapture, ResidualCapture
+from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, ModuleOutputCapture,
+                      PatchCapture, ResidualCapture)
 from .records import Record
-from .interventions import EDITABLE_SITES, PROJECTOR_SITES, RUNTIME, build_intervention, needs_source
-from .sites import VISION_SITES
-from .spec import CAPTURE_SITES, INTERVENTION_SPECS, SpecError
+from .interventions import RUNTIME, build_intervention, needs_source
+from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
+from .spec import CAPTURE_SITES, EDITABLE_SITES, INTERVENTION_SPECS, SpecError
 
 SpecPath = tuple[Any, ...]
 
@@ -80,23 +81,35 @@ class _Checker:
     def add(self, path: SpecPath, message: str) -> None:
         self.problems.append((path, message))
 
-    def layers(self, value: Any, path: SpecPath, top: int) -> tuple[int, ...]:
+    def layers(self, value: Any, path: SpecPath, top: int, vision: bool = False) -> tuple[int, ...]:
         """Layer indices 0..top ('all' expands); out-of-range ones are problems."""
         if value in (None, "all"):
             return tuple(range(top + 1))
         bad = [l for l in value if l > top]
         if bad:
-            self.add(path, f"layers {bad} out of range ({self.info.n_layers} decoder layers); expected 0..{top}")
+            depth = f"{self.info.n_vision_layers} vision layers" if vision else f"{self.info.n_layers} decoder layers"
+            self.add(path, f"layers {bad} out of range ({depth}); expected 0..{top}")
         return tuple(sorted(set(l for l in value if l <= top)))
 
     def site(self, site: str, path: SpecPath, allowed: tuple[str, ...], what: str) -> bool:
-        if site in VISION_SITES and not self.info.arch.is_multimodal:
+        arch = self.info.arch
+        parts = [PROJECTOR_PART_PREFIX + p for p in arch.projector_parts]
+        if site_entry(site).vision and not arch.is_multimodal:
             self.add(path, f"a text-only model has no site {site!r}; expected a site of a text model")
         elif site not in allowed:
             self.add(path, f"site {site!r} cannot be {what}; expected one of {', '.join(allowed)}")
+        elif site not in SITES and site not in parts:  # a connector part of another family
+            self.add(path, f"{arch.family}'s connector has no part {site!r}; expected one of {', '.join(parts)}")
         else:
             return True
         return False
+
+    def layer_range(self, site: str) -> int:
+        """The highest index a per-layer site takes on this model."""
+        index = site_entry(site).index
+        if index == "vision_layer":
+            return self.info.n_vision_layers - 1
+        return self.info.n_layers - (index == "decoder_layer")
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
@@ -112,6 +125,13 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
                       "(select positions when reading the store: ds.sel(modality=...))")
         if item.site == "layer":
             plan.residual = ResidualCapture(check.layers(item.layers, path + ("layers",), n))
+        elif item.site == "vision_layer":
+            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site), vision=True)
+            plan.outputs += (PatchCapture(item.site, layers),)
+        elif item.site == "vision":
+            plan.outputs += (PatchCapture(item.site),)
+        elif item.site == "embed_table":
+            plan.outputs += (EmbeddingTableCapture(),)
         elif item.site == "attention":
             plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
         elif item.site in ("keys", "values"):
@@ -135,19 +155,65 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         path = base + (j,)
         if not check.site(raw.site, path + ("site",), EDITABLE_SITES, f"edited by '{raw.kind}'"):
             continue
-        if raw.site in PROJECTOR_SITES and getattr(raw, "positions", "all") not in ("vision", "all"):
-            check.add(path + ("positions",), "the projector outputs only vision tokens; expected vision or all")
-        if raw.kind == "normalize" and raw.site not in PROJECTOR_SITES:
+        access = site_entry(raw.site).access
+        if access in ("modules", "patches") and getattr(raw, "positions", "all") not in ("vision", "all"):
+            check.add(path + ("positions",), f"{raw.site!r} holds only vision rows; expected vision or all")
+        if access in ("modules", "patches") and instance.image == "none":
+            check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
+                      "sequence site (embed, layer) or an image")
+        if raw.kind in ("add", "patch") and access == "patches":
+            check.add(path + ("kind",), f"'{raw.kind}' acts at sequence sites and the projector; expected scale or "
+                      f"zero at {raw.site!r}")
+        if raw.kind == "normalize" and raw.site not in ("projector", "projector.merger"):  # rows of LLM width
             check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
         source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
         if source is not None and raw.site not in ("embed", "layer"):
             check.add(path + ("site",), "values from another condition are read at sequence sites; expected embed or layer")
-        layers = check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.info.n_layers) if raw.site == "layer" else None
+        index = site_entry(raw.site).index
+        layers = (check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.layer_range(raw.site),
+                               vision=index == "vision_layer") if index else None)
         if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
             check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
         items.append(build_intervention(raw, layers))
     _projector_order(instance, check, base)
+    _connector_part_order(instance, check, base)
     return tuple(items)
+
+
+def _connector_part_order(instance: Any, check: _Checker, base: SpecPath) -> None:
+    """Connector edits of one condition share a stage, so nnsight is asked for them in the order
+    the spec lists them; a part that runs earlier than an edit listed before it would be asked
+    for after the forward ran past it (`OutOfOrderError` mid-run). Refuse that here: parts in the
+    family's order (`Architecture.projector_parts`), the whole projector or merger after them."""
+    parts = list(check.info.arch.projector_parts)
+
+    def rank(site: str) -> int:
+        part = site[len(PROJECTOR_PART_PREFIX):]
+        return parts.index(part) if site not in SITES and part in parts else len(parts)
+
+    edits = [(j, raw.site) for j, raw in enumerate(instance.interventions) if is_projector_site(raw.site)]
+    for (_, before), (j, site) in zip(edits, edits[1:]):
+        if rank(site) < rank(before):
+            order = ", ".join(PROJECTOR_PART_PREFIX + p for p in parts)
+            check.add(base + (j, "site"), f"{site!r} runs before {before!r}, listed above it; expected the "
+                      f"connector edits in execution order ({order}, then projector / projector.merger)")
+
+
+def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> None:
+    """Qwen3-VL's DeepStack mergers run inside the vision tower, between its layers, so an edit of
+    their outputs (`projector`, `projector.deepstack`) cannot be served after a vision-tower
+    site in one trace (nnsight serves requests in execution order, and the workbench orders
+    whole sites); refuse the combination here instead of an `OutOfOrderError` mid-run."""
+    if not check.info.arch.quirks.get("deepstack"):
+        return
+    vision = any(isinstance(c, PatchCapture) for c in capture.outputs) or any(
+        site_entry(raw.site).access == "patches" for raw in instance.interventions)
+    for j, raw in enumerate(instance.interventions):
+        if vision and raw.site in ("projector", "projector.deepstack"):
+            check.add(("conditions", instance.base, "interventions", j, "site"),
+                      f"{check.info.arch.family}'s DeepStack mergers run inside the vision tower: an edit of "
+                      f"{raw.site!r} cannot share a run with the vision / vision_layer sites; expected "
+                      "projector.merger here, or the vision sites in another spec")
 
 
 def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
@@ -156,7 +222,7 @@ def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
     (`OutOfOrderError` mid-run); refuse it here instead."""
     if len(check.info.arch.projector) < 2:
         return
-    edits = [j for j, raw in enumerate(instance.interventions) if raw.site in PROJECTOR_SITES]
+    edits = [j for j, raw in enumerate(instance.interventions) if is_projector_site(raw.site)]
     if len(edits) > 1 and any(instance.interventions[j].site == "projector" for j in edits):
         check.add(base + (edits[1], "site"), f"a second projector edit in one condition ({check.info.arch.family}'s "
                   "projector is several modules, served once each in execution order); expected one edit of "
@@ -191,6 +257,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                 check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
                           "capture of logits or attention to see it")
         items = _interventions(instance, check)
+        _deepstack_order(instance, capture, check)
         for item in items:
             if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
                 check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")

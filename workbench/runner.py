@@ -29,20 +29,9 @@ from tqdm.auto import tqdm
 from .checks import nonfinite_report
 from .errors import Interrupted, Terminated
 from .plan import ModelPlan, compile_plan
+from .sites import VARIABLE_DIMS  # dims of every stored capture, from the site registry
 from .store import StoreWriter, Variable
 
-# dims of every stored capture (see workbench.capture)
-VARIABLE_DIMS = {
-    "hidden": ("token", "layer", "dim"),
-    "keys": ("token", "decoder_layer", "kv"),
-    "values": ("token", "decoder_layer", "kv"),
-    "prefill_vision_mass": ("token", "decoder_layer", "head"),
-    "decode_attention": ("token", "step", "decoder_layer", "head"),
-    "logprobs": ("run", "step", "vocab"),
-    "generated": ("run", "step"),
-    "embed": ("token", "dim"),
-    "final_norm": ("token", "dim"),
-}
 _LOG = logging.getLogger("workbench.runner")
 _VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
@@ -176,8 +165,11 @@ def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.nd
         "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
         **(text or {}),
     }
-    for name, data in {**result.tokens, **result.run}.items():
+    for name, data in {**result.tokens, **result.run, **result.patches}.items():
         variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
+    if result.patches:  # each patch's index within its sample's tower rows
+        n_patches = next(iter(result.patches.values())).shape[0]
+        variables["patch_position"] = Variable(("vision_patch",), np.arange(n_patches, dtype=np.int64))
     return variables
 
 

@@ -1,13 +1,33 @@
-"""Named sites: where in the forward pass a site lives, and in which order sites run.
+"""The site registry: every named place in the forward pass, in one table (`SITES`).
 
-nnsight requires every request of one trace in execution order, so every operation (capture or
-intervention) carries an `order` key built here, and the backend sorts operations by it.
+A site says where it runs (`stage`: nnsight serves requests only in execution order, so every
+operation carries an `order` key built here and the backend sorts by it), which index a per-layer
+site takes, whether it needs a vision tower, which variables (with their dims) a capture stores,
+whether an intervention may edit it, and how its value is reached (`access`, resolved by
+`site_tensor` / `site_modules`). The spec's, the plan's and the interventions' site lists, the
+runner's variable dims and the store's reserved names are derived from it. Adding a site is adding
+its entry; a new kind of value also needs its resolver below (`access`), and a capturable one its
+reader in `workbench.capture` and the plan's line that builds that reader.
 
 Residual-stream convention, the same for every architecture: `layer` index 0 is the LLM input (the
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
 after l decoder layers have run (before the final norm; for Qwen3-VL after the DeepStack add, since
 it is what decoder layer l receives). With L decoder layers the indices are 0..L: index l < L is
 read at the input of decoder layer l, index L at the input of the final norm.
+
+Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
+mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
+have one row per vision patch (before any merging: their count differs from the LLM's vision
+tokens), stored along their own `vision_patch` dim. The connector's parts
+(`Architecture.projector_parts`) are sites `projector.<part>` (e.g. `projector.mm_soft_emb_norm`),
+edited like `projector`; not captured (their layouts differ: Gemma-3's `avg_pool` output is
+channels-first), the connector's output being `layer` 0 at the vision tokens.
+
+Stages order whole sites. Where a connector module runs inside the vision tower (Qwen3-VL's
+DeepStack mergers, between its blocks) that order is not the forward's, and the plan refuses the
+combinations it would break (`workbench.plan`).
+
+Shipped to NDIF servers with the plan: builtins, numpy and `Record` only.
 """
 
 from __future__ import annotations
@@ -16,26 +36,99 @@ from typing import Any
 
 import numpy as np
 
-# stage of each site in one forward: embeddings, vision tower, projector, decoder, head
-SITE_STAGE = {
-    "embed": 0,
-    "vision": 1,
-    "projector.merger": 2,
-    "projector": 2,
-    "layer": 3,
-    "attention": 3,
-    "keys": 3,
-    "values": 3,
-    "final_norm": 4,
-    "logits": 5,
-}
-VISION_SITES = ("vision", "projector", "projector.merger")
-PER_LAYER_SITES = ("layer", "attention", "keys", "values")
+from .records import Record
 
 
-def order(site: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
+class Site(Record):
+    """One named site. Fields:
+    name; stage: its place in one forward (embeddings, vision tower layers, tower output,
+      connector, decoder, final norm, head)
+    index: the index a per-layer site takes: `layer` (residual 0..L), `decoder_layer` (0..L-1),
+      `vision_layer` (0..V-1); None: one value per forward
+    vision: exists only on a model with a vision tower
+    stores: {variable: dims} a capture of it writes (empty: cannot be captured); the first
+      dim is the row dim: `token` (one row per prompt position), `vision_patch` (per patch of
+      the vision tower) or `run` (one row per sample and condition)
+    editable: scale / zero / ... may change it
+    access: how its value is reached: `sequence` (a (batch, seq, dim) tensor over the LLM's
+      positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
+      edits act on every row), `modules` (the outputs of connector modules), `weights` (a
+      parameter, read once per run), `attention`, `cache`, `head` (read by their captures)"""
+
+    _fields = ("name", "stage", "index", "vision", "stores", "editable", "access")
+    _defaults = {"index": None, "vision": False, "editable": False}
+    _factories = {"stores": dict}
+
+    @property
+    def variable(self) -> str | None:
+        """The main stored variable (None: the site cannot be captured)."""
+        return next(iter(self.stores), None)
+
+
+PROJECTOR_PART_PREFIX = "projector."
+
+SITES: dict[str, Site] = {s.name: s for s in (
+    Site("embed", 0, stores={"embed": ("token", "dim")}, editable=True, access="sequence"),
+    Site("vision", 2, vision=True, stores={"vision": ("vision_patch", "vision_dim")}, editable=True,
+         access="patches"),
+    Site("vision_layer", 1, index="vision_layer", vision=True,
+         stores={"vision_hidden": ("vision_patch", "vision_layer", "vision_dim")}, editable=True, access="patches"),
+    Site("projector", 3, vision=True, editable=True, access="modules"),
+    Site("projector.merger", 3, vision=True, editable=True, access="modules"),
+    Site("layer", 4, index="layer", stores={"hidden": ("token", "layer", "dim")}, editable=True, access="sequence"),
+    Site("attention", 4, index="decoder_layer", access="attention",
+         stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
+                 "decode_attention": ("token", "step", "decoder_layer", "head")}),
+    Site("keys", 4, index="decoder_layer", stores={"keys": ("token", "decoder_layer", "kv")}, access="cache"),
+    Site("values", 4, index="decoder_layer", stores={"values": ("token", "decoder_layer", "kv")}, access="cache"),
+    Site("final_norm", 5, stores={"final_norm": ("token", "dim")}, access="sequence"),
+    Site("logits", 6, stores={"logprobs": ("run", "step", "vocab"), "generated": ("run", "step")}, access="head"),
+    # the input embedding table's row norms (what each token id embeds to), read from the weights
+    Site("embed_table", 0, stores={"embed_table_norms": ("run", "embed_row")}, access="weights"),
+)}
+# a connector part `projector.<part>`: an edit of that module's output, like `projector`
+PROJECTOR_PART = Site("projector.<part>", 3, vision=True, editable=True, access="modules")
+
+
+def site(name: str) -> Site:
+    """The registry entry of `name` (a connector part `projector.<part>` shares one entry)."""
+    if name in SITES:
+        return SITES[name]
+    if name.startswith(PROJECTOR_PART_PREFIX):
+        return PROJECTOR_PART.replace(name=name)
+    raise KeyError(f"unknown site {name!r}")
+
+
+def part_sites(architectures: Any) -> tuple[str, ...]:
+    """`projector.<part>` for every connector part the given families declare (the registered
+    families' parts are known to the spec)."""
+    names = [PROJECTOR_PART_PREFIX + part for arch in architectures for part in arch.projector_parts]
+    return tuple(n for n in dict.fromkeys(names) if n not in SITES)
+
+
+# derived lists (the spec, plan and interventions use these; a site is added in SITES only)
+SITE_NAMES = tuple(SITES)
+CAPTURE_SITES = tuple(n for n, s in SITES.items() if s.variable)
+EDITABLE_SITES = tuple(n for n, s in SITES.items() if s.editable)
+VISION_SITES = tuple(n for n, s in SITES.items() if s.vision)
+PER_LAYER_SITES = tuple(n for n, s in SITES.items() if s.index)
+PROJECTOR_SITES = tuple(n for n, s in SITES.items() if s.access == "modules")
+SITE_STAGE = {n: s.stage for n, s in SITES.items()}
+# dims of every stored capture variable, e.g. VARIABLE_DIMS["hidden"] == ("token", "layer", "dim")
+VARIABLE_DIMS = {v: dims for s in SITES.values() for v, dims in s.stores.items()}
+
+
+def is_projector_site(name: str) -> bool:
+    """The projector, its merger or a connector part: edits act on module outputs."""
+    return site(name).access == "modules"
+
+
+def order(name: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
     """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture)."""
-    return (SITE_STAGE[site], -1 if layer is None else layer, phase)
+    return (site(name).stage, -1 if layer is None else layer, phase)
+
+
+# -- resolving a site to the live model (inside a trace) ------------------------------------------
 
 
 def batch_rows(tensor: Any, row: tuple[int, int] | None) -> Any:
@@ -56,6 +149,57 @@ def residual_envoy(model: Any, layer: int) -> Any:
     if layer < model.n_layers:
         return model.decoder_layers()[layer]
     return model.module(model.arch.final_norm)[0]
+
+
+def site_modules(model: Any, name: str) -> dict[str, Any]:
+    """{"path#i": envoy} of the modules whose outputs a `modules` site edits: the whole projector
+    (all its modules), the merger alone, or one declared connector part."""
+    arch = model.arch
+    if name == "projector":
+        paths = arch.projector
+    elif name == "projector.merger":
+        paths = (arch.projector_merger,)
+    else:
+        paths = (arch.projector_parts[name[len(PROJECTOR_PART_PREFIX):]],)
+    return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}
+
+
+def connector_modules(model: Any) -> dict[str, Any]:
+    """Every connector module an edit can reach, in execution order: the declared parts (in the
+    family's order; they run inside the projector, or are its modules), then the projector's."""
+    arch = model.arch
+    out: dict[str, Any] = {}
+    for name in [PROJECTOR_PART_PREFIX + part for part in arch.projector_parts] + ["projector"]:
+        for key, envoy in site_modules(model, name).items():
+            out.setdefault(key, envoy)
+    return out
+
+
+def _first(value: Any) -> Any:
+    """A module's main tensor: encoder layers and towers may return tuples or ModelOutputs."""
+    return value if hasattr(value, "shape") else value[0]
+
+
+def site_tensor(model: Any, name: str, layer: int | None = None) -> Any:
+    """The live tensor of a `sequence` or `patches` site. Sequence sites are (batch, seq, dim);
+    patch sites keep the tower's own layout (batch of tiles x patches x dim, or patches x dim
+    for Qwen), rows flattened by the capture."""
+    arch = model.arch
+    if name == "embed":
+        return model.module(arch.embed)[0].output
+    if name == "final_norm":
+        return model.module(arch.final_norm)[0].output
+    if name == "layer":
+        return residual_envoy(model, layer).input
+    if name == "vision_layer":
+        return _first(model.module(arch.vision_layers)[0][layer].output)
+    if name == "vision":
+        path, end = arch.vision_output
+        envoy = model.module(path)[0]
+        # the connector's input (most families) or the tower's output (InternVL: before its CLS
+        # row is dropped and the pixel shuffle)
+        return envoy.input if end == "input" else _first(envoy.output)
+    raise KeyError(f"site {name!r} has no tensor of its own")
 
 
 def position_index(positions: str | list[int] | tuple[int, ...], modality: np.ndarray) -> np.ndarray:

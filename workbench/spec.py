@@ -37,7 +37,9 @@ from pydantic_core import PydanticCustomError
 
 from .definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from .errors import BadInputError
-from .models.architectures import tiny_architectures
+from . import sites
+from .models.architectures import ARCHITECTURES, tiny_architectures
+from .sites import SITE_NAMES, part_sites
 from .names import reserved_name_problem
 
 __all__ = [
@@ -67,18 +69,10 @@ __all__ = [
 
 # --------------------------------------------------------------------------- constants
 
-KNOWN_SITES: tuple[str, ...] = (
-    "embed",
-    "vision",
-    "projector",
-    "projector.merger",
-    "layer",
-    "attention",
-    "keys",
-    "values",
-    "final_norm",
-    "logits",
-)
+# Sites come from the registry (workbench/sites.py); a connector part `projector.<part>` is a site
+# for the families that declare it (the plan refuses it on the others).
+PART_SITES = part_sites(ARCHITECTURES)
+KNOWN_SITES: tuple[str, ...] = SITE_NAMES + PART_SITES
 # one tiny offline model per registered family (workbench/models/architectures/)
 TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
 DATBENCH_CONFIGS = (
@@ -96,9 +90,9 @@ DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all")
 IMAGE_MODES = ("real", "blank", "none")
 # Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
-# workbench.plan refuses those); kept equal to workbench.interventions.EDITABLE_SITES by a test.
-CAPTURE_SITES = ("layer", "attention", "keys", "values", "logits", "embed", "final_norm")
-EDITABLE_SITES = ("projector", "projector.merger", "embed", "layer")
+# workbench.plan refuses those), from the registry.
+CAPTURE_SITES = sites.CAPTURE_SITES
+EDITABLE_SITES = sites.EDITABLE_SITES + PART_SITES
 NORMALIZE_TARGETS = ("text_embedding_mean",)
 ADD_DIRECTIONS = ("random",)
 RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site

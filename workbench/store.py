@@ -54,7 +54,7 @@ import xarray as xr
 import zarr
 
 from .errors import StoreError, StorePathError
-from .names import RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
+from .names import PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
 
 STORE_FORMAT = 2
 BRANCH = "main"
@@ -100,8 +100,9 @@ class StoreIdentityError(StoreError):
 
 @dataclass
 class Variable:
-    """One captured array for one sample. `dims[0]` is "token" (per position) or "run"
-    (one row per sample); `coords` labels the other dims (e.g. {"layer": [0, 1, 2]})."""
+    """One captured array for one sample. `dims[0]` is "token" (per position), "vision_patch" (per
+    vision-tower row) or "run" (one row per sample); `coords` labels the other dims (e.g.
+    {"layer": [0, 1, 2]})."""
 
     dims: tuple[str, ...]
     data: np.ndarray
@@ -263,6 +264,8 @@ def _chunk_rows(row_shape: tuple[int, ...], itemsize: int, floor: int) -> int:
 
 
 _LABEL_CHUNK = {"token": 4096, "run": 256}
+# the row dim of vision-tower captures (one row per patch, before the connector merges them)
+PATCH_DIM = "vision_patch"
 
 
 def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
@@ -506,16 +509,20 @@ class StoreWriter:
                 rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
                 rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
                 rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
+                n_patches = _row_count(variables, PATCH_DIM)
+                if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
+                    rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id, dtype=object))
+                    rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
                 shapes = _check_layout(group.path, rows, state)
                 # every array's create/resize/write in one batch: one trip through zarr's event loop
                 zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
-                staged.append((state, sample_id, n_tokens, shapes, rows))
+                staged.append((state, sample_id, n_tokens, n_patches, shapes, rows))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(what, len(results))
         self._pending_provenance = None
-        for state, sample_id, n_tokens, shapes, rows in staged:
-            state.commit(sample_id, n_tokens, shapes, rows)
+        for state, sample_id, n_tokens, n_patches, shapes, rows in staged:
+            state.commit(sample_id, n_tokens, shapes, rows, n_patches or 0)
         return snapshot
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
@@ -549,7 +556,7 @@ class StoreWriter:
 
         async def append(name: str, var: Variable) -> None:
             data = np.asarray(var.data)
-            offset = state.tokens if var.dims[0] == "token" else state.runs
+            offset = state.offset(var.dims[0])
             if name in state.shapes:
                 array = await group.getitem(name)
             else:
@@ -667,6 +674,7 @@ class _ConditionState:
     runs: int
     shapes: dict[str, tuple[int, ...]]
     coords: dict[str, np.ndarray]
+    patches: int = 0
 
     @classmethod
     def read(cls, group: zarr.Group) -> _ConditionState:
@@ -675,11 +683,18 @@ class _ConditionState:
         shapes = {name: tuple(a.shape[1:]) for name, a in arrays.items() if name not in coords}
         samples = {str(s) for s in arrays["run_sample"][:]} if "run_sample" in arrays else set()
         tokens = arrays["sample"].shape[0] if "sample" in arrays else 0
-        return cls(samples, tokens, len(samples), shapes, coords)
+        patches = arrays["patch_sample"].shape[0] if "patch_sample" in arrays else 0
+        return cls(samples, tokens, len(samples), shapes, coords, patches)
 
-    def commit(self, sample_id: str, n_tokens: int, shapes: dict[str, tuple[int, ...]], rows: dict[str, Variable]) -> None:
+    def offset(self, dim: str) -> int:
+        """Rows already committed along a row dim (token, patch or run)."""
+        return {"token": self.tokens, PATCH_DIM: self.patches, "run": self.runs}[dim]
+
+    def commit(self, sample_id: str, n_tokens: int, shapes: dict[str, tuple[int, ...]], rows: dict[str, Variable],
+               n_patches: int = 0) -> None:
         self.samples.add(sample_id)
         self.tokens += n_tokens
+        self.patches += n_patches
         self.runs += 1
         self.shapes.update(shapes)
         for var in rows.values():
@@ -715,10 +730,21 @@ def _array_layout(name: str, var: Variable) -> dict[str, Any]:
 
 
 def _token_count(variables: dict[str, Variable]) -> int:
-    lengths = {v.data.shape[0] for v in variables.values() if v.dims[0] == "token"}
-    if len(lengths) != 1:
-        raise StoreError(f"token variables disagree on the number of tokens: {sorted(lengths)}")
-    return lengths.pop()
+    count = _row_count(variables, "token")
+    if count is None:
+        raise StoreError("no token variables: expected the token labels position/modality/token_id")
+    return count
+
+
+ROW_NAMES = {"token": "tokens", PATCH_DIM: "patches"}
+
+
+def _row_count(variables: dict[str, Variable], dim: str) -> int | None:
+    """The number of rows the variables with leading `dim` share (None: there are none)."""
+    lengths = {v.data.shape[0] for v in variables.values() if v.dims[0] == dim}
+    if len(lengths) > 1:
+        raise StoreError(f"{dim} variables disagree on the number of {ROW_NAMES.get(dim, dim)}: {sorted(lengths)}")
+    return lengths.pop() if lengths else None
 
 
 # -- verification --------------------------------------------------------------------------------
@@ -868,6 +894,7 @@ def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndar
 
 
 RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
+PATCH_PREFIX = "patch_"  # per-patch labels (vision-tower rows, dim PATCH_DIM), likewise
 
 
 @contextlib.contextmanager
@@ -904,8 +931,8 @@ def _read_session(path: Path, snapshot: str | None = None) -> tuple[Any, Any]:
                          hint=f"tags: {tags}; `workbench info {path} --history` lists snapshots") from None
 
 
-def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, xr.Dataset]:
-    """(token part, run part) of one condition group, labeled."""
+def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, ...]:
+    """(token part, run part, patch part) of one condition group, labeled."""
     ds = xr.open_zarr(store, group=f"{model}/{condition}", consolidated=False, chunks={}, zarr_format=3)
     ds = ds.rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
@@ -923,7 +950,13 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
         run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
         **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
     ).set_coords([c for c in ("run_sample", "run_input", *TEXT_LABELS) if c in runs.data_vars])
-    return tokens, runs
+    patches = ds[[v for v in ds.data_vars if PATCH_DIM in ds[v].dims]]
+    k = patches.sizes.get(PATCH_DIM, 0)
+    patches = patches.assign_coords(
+        patch_condition=(PATCH_DIM, np.full(k, condition, dtype=object).astype(str)),
+        **{PATCH_PREFIX + name: (PATCH_DIM, np.full(k, value)) for name, value in sweep.items()},
+    ).set_coords([c for c in PATCH_LABELS if c in patches.data_vars])
+    return tokens, runs, patches
 
 
 def _label_index(ds: xr.Dataset, dim: str, levels: list[str], index: bool = True) -> xr.Dataset:
@@ -965,20 +998,27 @@ def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Datas
 
 def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> xr.Dataset:
     model_group = root[key]
-    token_parts, run_parts, sweep_vars = [], [], []
+    token_parts, run_parts, patch_parts, sweep_vars = [], [], [], []
     for condition, group in sorted(model_group.groups()):
         attrs = dict(group.attrs)
         sweep_vars += [name for name in attrs.get("sweep") or {} if name not in sweep_vars]
-        tokens, runs = _open_condition(store, key, condition, attrs)
+        tokens, runs, patches = _open_condition(store, key, condition, attrs)
         token_parts.append(tokens)
         run_parts.append(runs)
+        patch_parts.append(patches)
     if not token_parts:
         return xr.Dataset(attrs=dict(model_group.attrs))
     tokens = _concat(token_parts, "token", {v: v for v in sweep_vars})
     runs = _concat(run_parts, "run", {RUN_PREFIX + v: v for v in sweep_vars})
     tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"], index)
     runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"], index)
-    ds = xr.merge([tokens, runs], compat="override", join="outer")
+    parts = [tokens, runs]
+    if any(p.sizes.get(PATCH_DIM, 0) for p in patch_parts):
+        patches = _concat([p for p in patch_parts if p.sizes.get(PATCH_DIM, 0)], PATCH_DIM,
+                          {PATCH_PREFIX + v: v for v in sweep_vars})
+        parts.append(_label_index(patches, PATCH_DIM, ["patch_condition", *(PATCH_PREFIX + v for v in sweep_vars),
+                                                     *PATCH_LABELS], index))
+    ds = xr.merge(parts, compat="override", join="outer")
     for variable in ds.variables.values():  # the source arrays' chunking says nothing of the concatenation
         variable.encoding = {}
     # None has no netCDF/zarr attribute form (a local model's revision): such attrs are left out
@@ -1052,7 +1092,7 @@ def _info(path: Path, snapshot: str | None) -> dict[str, Any]:
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
                 for name, a in sorted(group.arrays())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
-                if name not in RUN_LABELS + TOKEN_LABELS + TEXT_LABELS and list(a.metadata.dimension_names or ()) != [name]
+                if name not in RUN_LABELS + TOKEN_LABELS + PATCH_LABELS + TEXT_LABELS and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
                 "samples": int(n_runs),

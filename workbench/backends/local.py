@@ -32,10 +32,11 @@ from ..sites import batch_rows, order, position_index
 
 
 class RunResult(Record):
-    """Captures of one run: `tokens` {name: array} (rows = prompt positions) and `run` {name: array}."""
+    """Captures of one run: `tokens` {name: array} (rows = prompt positions), `run` {name: array}
+    and `patches` {name: array} (rows = vision-tower patches)."""
 
-    _fields = ("tokens", "run")
-    _factories = {"tokens": dict, "run": dict}
+    _fields = ("tokens", "run", "patches")
+    _factories = {"tokens": dict, "run": dict, "patches": dict}
     _mutable = True
 
 
@@ -266,7 +267,9 @@ def _run_kv_swap(model: Any, inputs_by_image: dict[str, Any], condition: Conditi
                         on_trace=on_trace).pop("cache")
     _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts)
     last = torch.as_tensor(inputs.input_ids[-1])
-    tail = trace(model, _decode_encoding(model, last), inputs, (), readers, True, cache, on_trace=on_trace)
+    # the vision tower ran in the head: the one-token tail has nothing of it to read
+    tail_readers = [r for r in readers if not getattr(r, "prompt_only", False)]
+    tail = trace(model, _decode_encoding(model, last), inputs, (), tail_readers, True, cache, on_trace=on_trace)
     result = RunResult()
     _collect_prompt(result, [head, tail], captures, cache, n)
     _decode(model, [inputs], captures, cache, [tail], [result], on_trace)
@@ -287,7 +290,7 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
     if captures.kv:
         result.tokens.update(captures.kv.read_cache(cache, n, row))
     for output in captures.outputs:
-        result.tokens[output.site] = torch.cat(merged[(output.site, None)], dim=0).numpy()
+        getattr(result, output.rows).update(output.collect(merged))
 
 
 def _decode(model: Any, inputs: list[Any], captures: CapturePlan, cache: Any, last: list[dict],

@@ -24,7 +24,7 @@ import torch
 from ..models.model import WorkbenchModel
 # undecorated (inspect.getsource follows __wrapped__: a torch.inference_mode() wrapper would be
 # rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
-from .local import run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
+from .local import RunResult, run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
 
 
 class ServerModel:
@@ -69,7 +69,6 @@ def server_run(model: Any, inputs_by_image: dict, names: list, plan: Any) -> dic
     with torch.inference_mode():
         results = run_conditions(model, inputs, [plan.condition(name) for name in names], plan, plan.batch_size)
     return {
-        name: {"tokens": {k: torch.from_numpy(v) for k, v in r.tokens.items()},
-               "run": {k: torch.from_numpy(v) for k, v in r.run.items()}}
+        name: {part: {k: torch.from_numpy(v) for k, v in getattr(r, part).items()} for part in RunResult._fields}
         for name, r in results.items()
     }

@@ -567,8 +567,8 @@ def run_sample(model: Any, inputs_by_image: Any, conditions: list[Any], plan: An
     if missing:
         raise RemoteRunError(f"{what}: the job returned no result for {', '.join(missing)}")
     return {
-        name: RunResult(tokens={k: v.numpy() for k, v in raw[name]["tokens"].items()},
-                        run={k: v.numpy() for k, v in raw[name]["run"].items()})
+        name: RunResult(**{part: {k: v.numpy() for k, v in raw[name].get(part, {}).items()}
+                           for part in RunResult._fields})
         for name in names
     }
 

@@ -39,9 +39,11 @@ class ModelInputs(Record):
 
 class ModelInfo(Record):
     """What can be known of a model from its config alone (no weights): enough to validate a plan.
-    model_id, path, arch (an Architecture), n_layers, hidden_size, vocab_size."""
+    model_id, path, arch (an Architecture), n_layers, hidden_size, vocab_size, n_vision_layers
+    (the vision tower's depth; 0 for a text model)."""
 
-    _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size")
+    _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers")
+    _defaults = {"n_vision_layers": 0}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -96,7 +98,17 @@ def model_info(model_id: str) -> ModelInfo:
         n_layers=int(text.num_hidden_layers),
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
+        n_vision_layers=vision_depth(config, arch),
     )
+
+
+def vision_depth(config: Any, arch: Architecture) -> int:
+    """The number of layers in the vision tower (Qwen's vision configs call it `depth`)."""
+    if not arch.is_multimodal:
+        return 0
+    vision = getattr(config, arch.vision_config)
+    depth = getattr(vision, "num_hidden_layers", None)
+    return int(depth if depth is not None else vision.depth)
 
 
 def _first_line(exc: BaseException) -> str:

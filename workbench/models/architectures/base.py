@@ -18,9 +18,14 @@ class Architecture(Record):
     model_class: transformers class that loads the checkpoint; config_architectures
     embed (token embedding module), decoder_layers (ModuleList of decoder layers), final_norm, lm_head
     vision: the vision tower (None: a text model)
+    vision_layers: the tower's ModuleList of layers (site `vision_layer`: each one's output)
+    vision_output: (module path, "input" | "output"): where the tower's output is read as the
+      connector receives it (site `vision`): the connector's input, or the tower's own output
+    vision_config: sub-config holding the tower's depth (`num_hidden_layers`, or Qwen's `depth`)
     projector: modules whose outputs together form "the projector output as it enters the LLM",
       in execution order; projector_merger: the main merger alone ("projector.merger")
-    projector_parts: {part name: module path} of the connector's parts, in execution order
+    projector_parts: {part name: module path} of the connector's parts, in execution order;
+      each is the site `projector.<part name>`
     image_token: placeholder scattered with image features
     boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
       (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
@@ -38,10 +43,11 @@ class Architecture(Record):
     A `Record`: it travels to NDIF servers inside the plan."""
 
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
-               "lm_head", "vision", "projector", "projector_merger", "projector_parts", "image_token",
+               "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "quirks", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "tiny", "client")
-    _defaults = {"vision": None, "projector": (), "projector_merger": None, "image_token": None,
+    _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
+                 "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),

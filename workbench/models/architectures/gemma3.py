@@ -14,6 +14,8 @@ GEMMA3 = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.vision_tower",
+    vision_layers="model.vision_tower.encoder.layers",
+    vision_output=("model.multi_modal_projector", "input"),
     # its output is (after the projection weight, a parameter) the image features
     projector=("model.multi_modal_projector",),
     projector_merger="model.multi_modal_projector",

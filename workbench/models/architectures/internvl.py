@@ -13,6 +13,8 @@ INTERNVL = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.vision_tower",
+    vision_layers="model.vision_tower.encoder.layer",
+    vision_output=("model.vision_tower", "output"),
     # pixel shuffle happens before it (in get_image_features); its output is the image features
     projector=("model.multi_modal_projector",),
     projector_merger="model.multi_modal_projector",

@@ -12,6 +12,8 @@ LLAVA_ONEVISION = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.vision_tower",
+    vision_layers="model.vision_tower.encoder.layers",
+    vision_output=("model.multi_modal_projector", "input"),
     # linear_1 -> GELU -> linear_2. The `image_newline` rows (a parameter, appended after the
     # projector while packing the tiles) are not projector output: a projector edit leaves them.
     projector=("model.multi_modal_projector",),

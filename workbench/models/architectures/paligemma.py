@@ -14,6 +14,8 @@ PALIGEMMA = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.vision_tower",
+    vision_layers="model.vision_tower.encoder.layers",
+    vision_output=("model.multi_modal_projector", "input"),
     # a single linear layer; the model divides its output by sqrt(hidden) before the scatter
     projector=("model.multi_modal_projector",),
     projector_merger="model.multi_modal_projector",

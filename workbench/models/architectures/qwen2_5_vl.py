@@ -11,6 +11,8 @@ QWEN2_5_VL = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.visual",
+    vision_layers="model.visual.blocks",
+    vision_output=("model.visual.merger", "input"),
     # the merger (2x2 patch merge: RMSNorm ln_q, then a 2-layer MLP) is the whole connector
     projector=("model.visual.merger",),
     projector_merger="model.visual.merger",

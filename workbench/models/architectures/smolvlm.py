@@ -11,6 +11,8 @@ SMOLVLM = Architecture(
     final_norm="model.text_model.norm",
     lm_head="lm_head",
     vision="model.vision_model",
+    vision_layers="model.vision_model.encoder.layers",
+    vision_output=("model.connector", "input"),
     # pixel shuffle + MLP; its output is exactly the image features scattered into the LLM input
     projector=("model.connector",),
     projector_merger="model.connector",
