@@ -150,3 +150,38 @@ store: {{path: {store}}}
     summary = run_spec(parse_spec(text), progress=False, log=lambda _: None)
     assert summary.written == 0 and summary.skipped == 10
     assert len(workbench.open_store(store, model="tiny-qwen3vl").run) == 10
+
+
+VISION_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
+
+
+@pytest.mark.parametrize("name", VISION_FAMILIES)
+def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
+    """Vision-tower captures and edits in a batched forward: each row's patch rows (an equal block
+    of the tower's tensors) are read and edited on their own; the store equals the unbatched one."""
+    conditions = """
+  baseline: {}
+  blank: {image: blank}
+  vscale: {interventions: [{kind: scale, site: vision, factor: 2.0}]}
+  vlayer: {interventions: [{kind: scale, site: vision_layer, layers: [0], factor: 0.5}]}
+  merger: {interventions: [{kind: scale, site: projector.merger, positions: vision, factor: 0.5}]}"""
+    stores = {}
+    for batch in (1, 8):
+        stores[batch] = tmp_path / f"b{batch}.zarr"
+        run(f"""\
+name: batching-vision
+models: [{name}]
+data: {{source: builtin, n: 1}}
+conditions:{conditions}
+capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
+backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
+store: {{path: {stores[batch]}}}
+""")
+    a, b = workbench.open_store(stores[1], model=name), workbench.open_store(stores[8], model=name)
+    assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
+    for variable in a.data_vars:
+        x, y = a[variable].values, b[variable].values
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
+        else:
+            np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
