@@ -1,0 +1,99 @@
+"""Experiment specs: YAML in, a validated :class:`Spec` out, every error located by line.
+
+A spec is read with PyYAML's *safe* composer so that each value keeps the line it came
+from, turned into plain Python data, and validated with pydantic.  Every pydantic error is
+translated into a :class:`Problem` that names the field by its dotted path, the line it is
+on and what was expected, so a researcher can fix a spec without reading a traceback::
+
+    specs/demo.yaml:9: conditions.alpha.interventions[0].site: got 'projektor' (str) \
+(did you mean 'projector'?); expected one of 'embed', 'vision', ...
+
+The package, one concern a module (the flow of :func:`parse_spec`):
+
+- ``yaml_lines``: YAML with line numbers (safe composer, plain data, each path's line);
+- ``fields``: the vocabulary (sites, models, data sources, ...) and one validator per kind of field;
+- ``schema``: the pydantic models, the checks across fields and the expansion of sweeps;
+- ``translate``: pydantic errors into located problems with "did you mean";
+- ``problems``: :class:`Problem`, :class:`SpecError` and the phrases of every message;
+- ``overrides``: the command line's overrides (``--models``, ``--data``, ``--limit``, ...);
+- ``loading``: :func:`parse_spec` and :func:`load_spec`.
+
+Everything public is re-exported here: import it from ``workbench.spec``.
+"""
+
+from .fields import (  # noqa: F401  (re-exported)
+    ADD_DIRECTIONS,
+    CAPTURE_SITES,
+    DATA_SOURCES,
+    DATBENCH_CONFIGS,
+    EDITABLE_SITES,
+    IMAGE_MODES,
+    KNOWN_SITES,
+    KV_PART_SETS,
+    KV_PARTS,
+    NORMALIZE_TARGETS,
+    PART_SITES,
+    POSITION_GROUPS,
+    RANDOM_NORMS,
+    TINY_MODEL_NAMES,
+    ConditionName,
+    Layers,
+    ModelRef,
+    NonNegativeInt,
+    Number,
+    NumberOrVar,
+    PathString,
+    Positions,
+    PositiveInt,
+    Site,
+    SpecName,
+    SweepValues,
+    VarName,
+)
+from .loading import load_spec, parse_spec
+from .problems import Problem, SpecError, SpecPath  # noqa: F401
+from .schema import (  # noqa: F401
+    INTERVENTION_KINDS,
+    INTERVENTION_SPECS,
+    AddIntervention,
+    AnalysisSpec,
+    BackendSpec,
+    CaptureSpec,
+    Condition,
+    ConditionInstance,
+    DataSpec,
+    GenerateSpec,
+    Intervention,
+    KVSwap,
+    NormalizeIntervention,
+    PatchIntervention,
+    ScaleIntervention,
+    Spec,
+    StoreSpec,
+    ZeroIntervention,
+)
+
+__all__ = [
+    "KNOWN_SITES",
+    "TINY_MODEL_NAMES",
+    "DATBENCH_CONFIGS",
+    "Problem",
+    "SpecError",
+    "Spec",
+    "DataSpec",
+    "Condition",
+    "ConditionInstance",
+    "ScaleIntervention",
+    "ZeroIntervention",
+    "AddIntervention",
+    "PatchIntervention",
+    "NormalizeIntervention",
+    "KVSwap",
+    "CaptureSpec",
+    "GenerateSpec",
+    "StoreSpec",
+    "BackendSpec",
+    "AnalysisSpec",
+    "load_spec",
+    "parse_spec",
+]

@@ -1,0 +1,290 @@
+"""The spec's vocabulary and field validators: the names a spec may use (sites, models, data
+sources, position groups, ...) and one validator per kind of field, each failing with a single
+"got ...; expected ..." message (located by sub-path) instead of pydantic's per-union-member
+noise; the annotated types the schema's models are declared with."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Annotated, Any, Literal, NoReturn, Sequence, Union
+
+from pydantic import AfterValidator, Field, PlainValidator
+from pydantic_core import PydanticCustomError
+
+from .. import sites
+from ..models.architectures import ARCHITECTURES, tiny_architectures
+from ..names import reserved_name_problem
+from ..sites import SITE_NAMES, part_sites
+from .problems import SpecPath, _did_you_mean, _got, _quoted
+
+# --------------------------------------------------------------------------- constants
+
+# Sites come from the registry (workbench/sites.py); a connector part `projector.<part>` is a site
+# for the families that declare it (the plan refuses it on the others).
+PART_SITES = part_sites(ARCHITECTURES)
+KNOWN_SITES: tuple[str, ...] = SITE_NAMES + PART_SITES
+# one tiny offline model per registered family (workbench/models/architectures/)
+TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
+DATBENCH_CONFIGS = (
+    "chart",
+    "counting",
+    "document",
+    "general",
+    "grounding",
+    "math",
+    "scene",
+    "spatial",
+    "table",
+)
+DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
+POSITION_GROUPS = ("vision", "text", "boundary", "all")
+IMAGE_MODES = ("real", "blank", "none")
+# Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
+# workbench.plan refuses those), from the registry.
+CAPTURE_SITES = sites.CAPTURE_SITES
+EDITABLE_SITES = sites.EDITABLE_SITES + PART_SITES
+NORMALIZE_TARGETS = ("text_embedding_mean",)
+ADD_DIRECTIONS = ("random",)
+RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site
+# What a kv_swap copies from the donor's cache; a string sweep value names a set of them joined
+# by '+' ("keys+values"), so `parts: $p` with `sweep: {p: [keys, values]}` sweeps them.
+KV_PARTS = ("keys", "values")
+KV_PART_SETS = ("keys", "values", "keys+values")
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_VAR_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_HF_REPO_RE = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+# pydantic's per-union-member noise.  They report through a single custom error type whose
+# context carries (sub-path, message) pairs, so model-level checks can point at exact fields.
+
+_SPEC_ERROR = "workbench_spec"
+
+
+def _fail(message: str, *subpath: Any) -> NoReturn:
+    _fail_many([(tuple(subpath), message)])
+
+
+def _fail_many(problems: list[tuple[SpecPath, str]]) -> NoReturn:
+    summary = "; ".join(message for _, message in problems)
+    raise PydanticCustomError(_SPEC_ERROR, "{summary}", {"summary": summary, "problems": problems})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: Any, expected: str) -> float:
+    if not _is_number(value):
+        _fail(f"{_got(value)}; expected {expected}")
+    try:
+        number = float(value)
+    except OverflowError:
+        _fail(f"{_got(value)}; expected a number that fits in a float")
+    if not math.isfinite(number):
+        _fail(f"{_got(value)}; expected a finite number")
+    return number
+
+
+def _number(value: Any) -> float:
+    return _as_float(value, "a number")
+
+
+_VAR_EXPECTED = "a number or a '$variable' from this condition's sweep"
+
+
+def _number_or_var(value: Any) -> float | str:
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    return _as_float(value, _VAR_EXPECTED)
+
+
+def _normalize_target(value: Any) -> float | str:
+    if isinstance(value, str) and (value in NORMALIZE_TARGETS or _VAR_REF_RE.fullmatch(value)):
+        return value
+    return _as_float(value, "a number, a '$variable', or 'text_embedding_mean'")
+
+
+def _one_of(choices: Sequence[str]) -> PlainValidator:
+    def check(value: Any) -> str:
+        if isinstance(value, str) and value in choices:
+            return value
+        _fail(f"{_got(value)}{_did_you_mean(value, choices)}; expected one of {_quoted(choices)}")
+
+    return PlainValidator(check)
+
+
+def _name_of(kind: str) -> PlainValidator:
+    def check(value: Any) -> str:
+        if isinstance(value, str) and _NAME_RE.fullmatch(value):
+            problem = reserved_name_problem(value)
+            if problem:
+                _fail(problem)
+            return value
+        _fail(f"{_got(value)}; expected a {kind} made of letters, digits, '_', '.' or '-'")
+
+    return PlainValidator(check)
+
+
+def _var_name(value: Any) -> str:
+    if isinstance(value, str) and _VAR_NAME_RE.fullmatch(value):
+        problem = reserved_name_problem(value)
+        if problem:
+            _fail(problem)
+        return value
+    _fail(f"{_got(value)}; expected a sweep variable name (a letter or '_', then letters, digits, '_')")
+
+
+def _path_string(value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    _fail(f"{_got(value)}; expected a non-empty path")
+
+
+def _index_list(value: list, noun: str) -> list[int]:
+    """Validate a non-empty list of distinct non-negative ints, locating each bad item."""
+    if not value:
+        _fail(f"got an empty list; expected at least one {noun}")
+    problems: list[tuple[SpecPath, str]] = []
+    seen: set[int] = set()
+    for i, item in enumerate(value):
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            problems.append(((i,), f"{_got(item)}; expected a {noun} (an integer >= 0)"))
+        elif item in seen:
+            problems.append(((i,), f"duplicate {noun} {item}; expected each {noun} once"))
+        else:
+            seen.add(item)
+    if problems:
+        _fail_many(problems)
+    return list(value)
+
+
+def _positions(value: Any) -> str | list[int]:
+    if isinstance(value, list):
+        return _index_list(value, "token position")
+    if isinstance(value, str) and value in POSITION_GROUPS:
+        return value
+    _fail(
+        f"{_got(value)}{_did_you_mean(value, POSITION_GROUPS)}; expected one of "
+        f"{_quoted(POSITION_GROUPS)} or a list of token positions (integers >= 0)"
+    )
+
+
+def _layers(value: Any) -> str | list[int]:
+    if isinstance(value, list):
+        return _index_list(value, "layer index")
+    if value == "all" and isinstance(value, str):
+        return value
+    _fail(f"{_got(value)}; expected 'all' or a list of layer indices (integers >= 0)")
+
+
+def _swap_layers(value: Any) -> str | list[int | str]:
+    """kv_swap layers: like `layers`, and any item may be a '$variable' (one layer per value)."""
+    if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
+        return _layers(value)
+    problems = [((i,), f"{_got(v)}; expected a layer index (an integer >= 0) or a '$variable'")
+                for i, v in enumerate(value) if isinstance(v, str) and not _VAR_REF_RE.fullmatch(v)]
+    if problems:
+        _fail_many(problems)
+    indices = [v for v in value if not isinstance(v, str)]
+    if indices:
+        _index_list(indices, "layer index")
+    return list(value)
+
+
+def _kv_parts(value: Any) -> list[str] | str:
+    """kv_swap parts: a non-empty list of 'keys'/'values', or a '$variable' sweeping part sets."""
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    expected = f"a list of {_quoted(KV_PARTS)} (e.g. [keys] or [keys, values]) or a '$variable'"
+    if not isinstance(value, list) or not value:
+        _fail(f"{_got(value)}; expected {expected}")
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PARTS)}; expected one of {_quoted(KV_PARTS)}")
+                for i, v in enumerate(value) if v not in KV_PARTS]
+    problems += [((i,), f"duplicate part {v!r}; expected each part once") for i, v in enumerate(value)
+                 if v in KV_PARTS and v in value[:i]]
+    if problems:
+        _fail_many(problems)
+    return [p for p in KV_PARTS if p in value]  # canonical order: keys before values
+
+
+_MODEL_EXPECTED = (
+    f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
+    "or a local checkpoint directory"
+)
+
+
+def _model_ref(value: Any) -> str:
+    if not isinstance(value, str):
+        _fail(f"{_got(value)}; expected {_MODEL_EXPECTED}")
+    if value in TINY_MODEL_NAMES or _HF_REPO_RE.fullmatch(value) or _is_local_dir(value):
+        return value
+    _fail(f"unknown model '{value}'; expected {_MODEL_EXPECTED}")
+
+
+def _is_local_dir(value: str) -> bool:
+    return os.path.isdir(os.path.expanduser(value))  # isdir swallows odd paths (NUL bytes)
+
+
+def _unique_models(models: list[str]) -> list[str]:
+    problems = [
+        ((i,), f"duplicate model '{m}'; expected each model once")
+        for i, m in enumerate(models)
+        if m in models[:i]
+    ]
+    if problems:
+        _fail_many(problems)
+    return models
+
+
+def _finite_number(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _sweep_values(value: Any) -> list[float] | list[str]:
+    """A sweep's values: numbers, or names of kv_swap part sets ('keys', 'values', 'keys+values')."""
+    if not isinstance(value, list):
+        _fail(f"{_got(value)}; expected a list of numbers (or of {_quoted(KV_PART_SETS)} for kv_swap parts)")
+    if not value:
+        _fail("got an empty list; expected at least 1 value")
+    words = all(isinstance(v, str) for v in value)
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PART_SETS) if words else ''}; expected a number"
+                 + (f" or one of {_quoted(KV_PART_SETS)}" if words else ""))
+                for i, v in enumerate(value)
+                if (v not in KV_PART_SETS if words else not _finite_number(v))]
+    if problems:
+        _fail_many(problems)
+    return list(value) if words else [float(v) for v in value]
+
+
+def _distinct_values(values: list[float]) -> list[float]:
+    problems = [
+        ((i,), f"duplicate sweep value {v!r}; expected distinct values")
+        for i, v in enumerate(values)
+        if v in values[:i]
+    ]
+    if problems:
+        _fail_many(problems)
+    return values
+
+
+Number = Annotated[float, PlainValidator(_number)]
+NumberOrVar = Annotated[Union[float, str], PlainValidator(_number_or_var)]
+Positions = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[int]], PlainValidator(_positions)]
+Layers = Annotated[Union[Literal["all"], list[int]], PlainValidator(_layers)]
+Site = Annotated[Literal[KNOWN_SITES], _one_of(KNOWN_SITES)]
+SpecName = Annotated[str, _name_of("spec name")]
+ConditionName = Annotated[str, _name_of("condition name")]
+VarName = Annotated[str, PlainValidator(_var_name)]
+PathString = Annotated[str, PlainValidator(_path_string)]
+ModelRef = Annotated[str, PlainValidator(_model_ref)]
+SweepValues = Annotated[list[Union[float, str]], PlainValidator(_sweep_values), AfterValidator(_distinct_values)]
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]

@@ -1,0 +1,41 @@
+"""The entry points: :func:`parse_spec` (YAML text to a validated :class:`Spec`, or a
+:class:`SpecError` listing every located problem) and :func:`load_spec` (the same, from a file)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .problems import Problem, SpecError, _got
+from .schema import Spec
+from .translate import _allowed_fields, _translate
+from .yaml_lines import _read_yaml
+
+def parse_spec(text: str, source: str = "<spec>") -> Spec:
+    """Validate spec YAML text; raise :class:`SpecError` listing every located problem."""
+    data, lines, problems = _read_yaml(text)
+    if problems:
+        raise SpecError(problems, source)
+    if not isinstance(data, dict):
+        expected = f"a mapping with fields {', '.join(_allowed_fields(()))}"
+        what = "an empty document" if data is None else _got(data)[len("got ") :]
+        raise SpecError([Problem((), lines.get(()), f"got {what}; expected {expected}")], source)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_translate(exc, data, lines), source) from None
+    spec._source, spec._source_text, spec._lines = source, text, lines
+    spec._spec_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return spec
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file (YAML, safe-loaded)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([Problem((), None, f"cannot read the file ({exc}); expected a readable UTF-8 YAML file")], source) from exc
+    return parse_spec(text, source=source)

@@ -1,0 +1,552 @@
+"""The spec schema: the pydantic models (:class:`Spec` and its sections, one model per
+intervention kind in :data:`INTERVENTION_SPECS`), the checks across fields (condition references,
+source cycles, site roles, sweep name clashes) and the expansion of sweeps into
+:class:`ConditionInstance`s."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Iterable, Literal, Sequence, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    model_validator,
+)
+
+from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
+from .fields import (
+    ADD_DIRECTIONS,
+    CAPTURE_SITES,
+    DATA_SOURCES,
+    DATBENCH_CONFIGS,
+    EDITABLE_SITES,
+    IMAGE_MODES,
+    KV_PART_SETS,
+    RANDOM_NORMS,
+    _VAR_REF_RE,
+    ConditionName,
+    Layers,
+    ModelRef,
+    NonNegativeInt,
+    Number,
+    NumberOrVar,
+    PathString,
+    Positions,
+    PositiveInt,
+    Site,
+    SpecName,
+    SweepValues,
+    VarName,
+    _as_float,
+    _fail,
+    _fail_many,
+    _is_number,
+    _kv_parts,
+    _normalize_target,
+    _one_of,
+    _swap_layers,
+    _unique_models,
+)
+from .problems import Problem, SpecPath, _did_you_mean, _dotted, _got, _quoted
+from .yaml_lines import _line_of
+
+class _Model(BaseModel):
+    # strict: "3" is not an int and true is not a number; forbid: typos are errors.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class DataSpec(_Model):
+    source: Annotated[Literal["builtin", "datbench", "jsonl", "folder"], _one_of(DATA_SOURCES)] = "builtin"
+    n: PositiveInt = 8  # samples; for datbench, per config
+    seed: NonNegativeInt = 0
+    exclude: list[Annotated[Literal[DATBENCH_CONFIGS], _one_of(DATBENCH_CONFIGS)]] = []
+    path: PathString | None = None
+    # datbench: "shuffled" (a seeded choice of rows) or "first" (the first n rows, as the study)
+    order: Annotated[Literal["shuffled", "first"], _one_of(("shuffled", "first"))] = "shuffled"
+
+    @model_validator(mode="after")
+    def _options_fit_source(self) -> "DataSpec":
+        problems: list[tuple[SpecPath, str]] = []
+        if self.source in ("jsonl", "folder") and self.path is None:
+            what = "a .jsonl file" if self.source == "jsonl" else "an image folder"
+            problems.append((("path",), f"missing required field 'path' for source '{self.source}'; expected {what}"))
+        if self.source == "builtin" and self.path is not None:
+            problems.append((("path",), "'path' is not used by source 'builtin'; expected no path"))
+        if self.exclude and self.source != "datbench":
+            problems.append(
+                (("exclude",), f"'exclude' is not used by source '{self.source}'; expected it only with source 'datbench'")
+            )
+        if self.order != "shuffled" and self.source != "datbench":
+            problems.append((("order",), f"'order' is not used by source '{self.source}'; expected it only with source 'datbench'"))
+        if set(DATBENCH_CONFIGS) <= set(self.exclude):
+            problems.append((("exclude",), "every datbench config is excluded; expected at least one to remain"))
+        if problems:
+            _fail_many(problems)
+        return self
+
+
+class _Intervention(_Model):
+    kind: str  # narrowed to a Literal by each kind; declared here so it is listed first
+
+
+class _SiteIntervention(_Intervention):
+    site: Site
+    positions: Positions = "all"
+    layers: Layers = "all"  # only meaningful for per-layer sites
+
+
+class ScaleIntervention(_SiteIntervention):
+    kind: Literal["scale"]
+    factor: NumberOrVar
+
+
+class ZeroIntervention(_SiteIntervention):
+    kind: Literal["zero"]
+
+
+def _seed_or_var(value: Any) -> int | str:
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    _fail(f"{_got(value)}; expected a seed (an integer >= 0) or a '$variable'")
+
+
+def _random_norm(value: Any) -> float | str:
+    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
+        return value
+    number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    if number <= 0:
+        _fail(f"{_got(value)}; expected a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    return number
+
+
+class AddIntervention(_SiteIntervention):
+    kind: Literal["add"]
+    vector: list[Number] | None = None
+    direction_from: ConditionName | None = None
+    # the control for both: a seeded random unit direction u, scaled to `norm` per token
+    direction: Annotated[Literal["random"], _one_of(ADD_DIRECTIONS)] | None = None
+    seed: Annotated[Union[int, str], PlainValidator(_seed_or_var)] = 0
+    norm: Annotated[Union[float, str], PlainValidator(_random_norm)] = "matched"
+    factor: NumberOrVar = 1.0
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> "AddIntervention":
+        given = [name for name in ("vector", "direction_from", "direction") if getattr(self, name) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(repr(g) for g in given)
+            _fail(f"{what} of 'vector', 'direction_from', 'direction' given; expected exactly one of them "
+                  "(a vector, a condition's mean difference, or direction: random)")
+        if self.vector is not None and not self.vector:
+            _fail("got an empty list; expected a non-empty vector", "vector")
+        if self.direction is None:  # (a dumped spec carries the defaults: only other values are refused)
+            for name in ("seed", "norm"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    _fail(f"'{name}' is only used with 'direction: random'; expected no '{name}' here", name)
+        return self
+
+
+class PatchIntervention(_SiteIntervention):
+    kind: Literal["patch"]
+    from_: ConditionName = Field(alias="from")
+
+
+class NormalizeIntervention(_Intervention):
+    kind: Literal["normalize"]
+    site: Site = "projector"
+    target: Annotated[Union[float, str], PlainValidator(_normalize_target)] = "text_embedding_mean"
+
+
+# The spec half of the intervention registry: kind -> spec model. `workbench.interventions.RUNTIME`
+# maps the same kinds to the classes that run them (a test keeps the two equal); the list of
+# kinds, the union pydantic validates against and the error messages all derive from this.
+INTERVENTION_SPECS: dict[str, type[_Intervention]] = {
+    "scale": ScaleIntervention,
+    "zero": ZeroIntervention,
+    "add": AddIntervention,
+    "patch": PatchIntervention,
+    "normalize": NormalizeIntervention,
+}
+INTERVENTION_KINDS = tuple(INTERVENTION_SPECS)
+
+Intervention = Annotated[Union[tuple(INTERVENTION_SPECS.values())], Field(discriminator="kind")]
+
+# Fields that may hold a "$var" reference, per intervention kind.
+_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
+# Numeric fields whose sweep values must be more than numbers (what _SWEEP_KINDS calls them).
+_SWEPT_FIELD_KINDS = {("add", "seed"): "seed", ("add", "norm"): "positive"}
+
+
+class KVSwap(_Model):
+    donor: ConditionName
+    positions: Positions = "vision"
+    layers: Annotated[Union[Literal["all"], list[Union[int, str]]], PlainValidator(_swap_layers)] = "all"
+    # which caches are copied from the donor: keys (where the decode step looks), values (what
+    # it reads), or both (the study's Experiment 3)
+    parts: Annotated[Union[list[str], str], PlainValidator(_kv_parts)] = ["keys", "values"]
+
+
+class Condition(_Model):
+    sweep: dict[VarName, SweepValues] = {}
+    image: Annotated[Literal["real", "blank", "none"], _one_of(IMAGE_MODES)] = "real"
+    interventions: list[Intervention] = []
+    kv_swap: KVSwap | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_default(cls, data: Any) -> Any:
+        return {} if data is None else data  # "baseline:" with nothing after it
+
+    @model_validator(mode="after")
+    def _vars_are_swept(self) -> "Condition":
+        problems = []
+        for path, ref, wants in _var_refs(self):
+            if ref[1:] not in self.sweep:
+                problems.append((path, _undefined_var_message(ref, self.sweep)))
+            elif not all(_SWEEP_KINDS[wants][0](v) for v in self.sweep[ref[1:]]):
+                problems.append((("sweep", ref[1:]), f"'{ref}' is used as {_SWEEP_KINDS[wants][1]} at "
+                                 f"{_dotted(path)}; expected every value of '{ref[1:]}' to be {_SWEEP_KINDS[wants][1]}"))
+        if problems:
+            _fail_many(problems)
+        return self
+
+
+# What a '$variable' must hold where it is used: (test of one value, what it is called).
+_SWEEP_KINDS = {
+    "number": (_is_number, "a number"),
+    "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
+    "seed": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a seed (an integer >= 0)"),
+    "positive": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
+}
+
+
+def _is_var(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("$")
+
+
+def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
+    """(path in the condition, '$variable', what it must hold) of every sweep reference."""
+    for i, intervention in enumerate(condition.interventions):
+        for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
+            if _is_var(value := getattr(intervention, name)):
+                yield ("interventions", i, name), value, _SWEPT_FIELD_KINDS.get((intervention.kind, name), "number")
+    swap = condition.kv_swap
+    if swap is not None:
+        if _is_var(swap.parts):
+            yield ("kv_swap", "parts"), swap.parts, "parts"
+        for j, layer in enumerate(swap.layers if isinstance(swap.layers, list) else ()):
+            if _is_var(layer):
+                yield ("kv_swap", "layers", j), layer, "layer"
+
+
+def _undefined_var_message(ref: str, sweep: dict[str, Any]) -> str:
+    if not sweep:
+        return f"'{ref}' is not defined; expected a number, or add 'sweep: {{{ref[1:]}: [...]}}' to this condition"
+    defined = ["$" + v for v in sweep]
+    hint = _did_you_mean(ref, defined)
+    return f"'{ref}' is not defined{hint}; expected one of this condition's sweep variables: {', '.join(defined)}"
+
+
+class CaptureSpec(_Model):
+    site: Site
+    layers: Layers = "all"
+    positions: Positions = "all"
+
+
+def _rank_base(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value in RANK_BASES:
+        return value
+    _fail(f"{_got(value)}; expected one of {', '.join(map(str, RANK_BASES))}")
+
+
+class AnalysisSpec(_Model):
+    """Definitions the study leaves open (workbench.definitions): stored with the run, read by
+    `workbench analyze`, printed under every table."""
+
+    text_set: Annotated[Literal[TEXT_SETS], _one_of(TEXT_SETS)] = DEFAULTS["text_set"]
+    average_layers: Annotated[Literal[AVERAGE_LAYERS], _one_of(AVERAGE_LAYERS)] = DEFAULTS["average_layers"]
+    rank_base: Annotated[int, PlainValidator(_rank_base)] = DEFAULTS["rank_base"]
+
+
+class GenerateSpec(_Model):
+    max_new_tokens: PositiveInt = 1
+
+
+class StoreSpec(_Model):
+    path: PathString
+
+
+class BackendSpec(_Model):
+    kind: Annotated[Literal["local", "remote"], _one_of(("local", "remote"))] = "local"
+    device: Annotated[Literal["auto", "cpu", "cuda"], _one_of(("auto", "cpu", "cuda"))] = "auto"
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"], _one_of(("auto", "float32", "bfloat16", "float16"))
+    ] = "auto"
+    # results wait for the background store writer in a queue of at most this many MB (the next
+    # forward runs meanwhile); 0 writes each result before the next forward
+    write_queue_mb: NonNegativeInt = 1024
+    # conditions of one sample with the same token sequence (an alpha sweep, real vs blank image)
+    # run as the rows of one forward, at most this many; kv_swap conditions run alone
+    batch_size: PositiveInt = 1
+    # a model larger than one GPU: spread over every visible device by accelerate (captures are
+    # gathered to the host as always)
+    device_map: Annotated[Literal["auto", "balanced", "sequential"], _one_of(("auto", "balanced", "sequential"))] | None = None
+
+
+@dataclass(frozen=True)
+class ConditionInstance:
+    """One concrete run of a condition: sweep values chosen and "$var"s substituted."""
+
+    name: str  # "baseline", or "alpha=0.1" / "x=1.0,y=2.0" for swept conditions
+    base: str  # the condition's key in the spec
+    sweep: dict[str, float | str] = field(default_factory=dict)  # a word for a kv_swap parts sweep
+    image: str = "real"
+    interventions: tuple[Any, ...] = ()
+    kv_swap: KVSwap | None = None
+
+
+def _format_value(value: float | str) -> str:
+    if isinstance(value, str):
+        return value  # a kv_swap part set: parts=keys
+    return repr(float(value))  # shortest round-tripping form: 0.1, 1.0, 3.0, 0.01
+
+
+def _instance_name(assignment: dict[str, float]) -> str:
+    return ",".join(f"{var}={_format_value(value)}" for var, value in assignment.items())
+
+
+def _substitute(intervention: Any, assignment: dict[str, float]) -> Any:
+    updates = {
+        name: assignment[value[1:]]
+        for name in _NUMERIC_FIELDS.get(intervention.kind, ())
+        if isinstance(value := getattr(intervention, name), str) and value.startswith("$")
+    }
+    return intervention.model_copy(update=updates) if updates else intervention
+
+
+def _substitute_swap(swap: KVSwap | None, assignment: dict[str, Any]) -> KVSwap | None:
+    """The kv_swap with its '$variable's replaced: a layer per value, a part set split at '+'."""
+    if swap is None or not assignment:
+        return swap
+    updates: dict[str, Any] = {}
+    if _is_var(swap.parts):
+        updates["parts"] = assignment[swap.parts[1:]].split("+")
+    if isinstance(swap.layers, list) and any(_is_var(l) for l in swap.layers):
+        layers = [int(assignment[l[1:]]) if _is_var(l) else l for l in swap.layers]
+        updates["layers"] = sorted(set(layers))
+    return swap.model_copy(update=updates) if updates else swap
+
+
+def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
+    if not condition.sweep:
+        assignments = [{}]
+    else:
+        variables = list(condition.sweep)
+        assignments = [dict(zip(variables, values)) for values in itertools.product(*condition.sweep.values())]
+    return [
+        ConditionInstance(
+            name=_instance_name(assignment) if assignment else base,
+            base=base,
+            sweep=assignment,
+            image=condition.image,
+            interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
+            kv_swap=_substitute_swap(condition.kv_swap, assignment),
+        )
+        for assignment in assignments
+    ]
+
+
+class Spec(_Model):
+    name: SpecName
+    description: str | None = None
+    models: Annotated[list[ModelRef], Field(min_length=1), AfterValidator(_unique_models)]
+    data: DataSpec = Field(default_factory=DataSpec)
+    conditions: Annotated[dict[ConditionName, Condition], Field(min_length=1)]
+    capture: Annotated[list[CaptureSpec], Field(min_length=1)]
+    generate: GenerateSpec | None = None  # None: prefill only
+    store: StoreSpec
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+
+    # Provenance, outside the validated fields.
+    _source: str = PrivateAttr("<spec>")
+    _source_text: str | None = PrivateAttr(None)
+    _spec_hash: str | None = PrivateAttr(None)
+    _overrides: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _lines: dict[SpecPath, int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> "Spec":
+        problems = _reference_problems(self.conditions) + _name_clash_problems(self.conditions)
+        problems += _site_role_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
+        if problems:
+            _fail_many(problems)
+        return self
+
+    # -- provenance
+
+    @property
+    def source(self) -> str:
+        """Where the spec came from (file path or ``<spec>``)."""
+        return self._source
+
+    @property
+    def source_text(self) -> str | None:
+        """The raw YAML text, or None for a spec built from Python data."""
+        return self._source_text
+
+    @property
+    def spec_hash(self) -> str:
+        """sha256 hex of the raw YAML text (of canonical JSON when there is no text)."""
+        if self._spec_hash is not None:
+            return self._spec_hash
+        canonical = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """Command-line overrides applied on top of the source text (empty if none)."""
+        return dict(self._overrides)
+
+    # -- derived views
+
+    def problem(self, path: SpecPath, message: str) -> Problem:
+        """A located problem at `path` of this spec (used by later stages, e.g. the plan)."""
+        return Problem(tuple(path), _line_of(tuple(path), self._lines), message)
+
+    def expand_conditions(self) -> list[ConditionInstance]:
+        """Every concrete condition, sweeps expanded (cartesian product, first variable slowest)."""
+        return [instance for base, cond in self.conditions.items() for instance in _expand(base, cond)]
+
+    def sweep_variables(self) -> list[str]:
+        """All sweep variable names, in order of first appearance."""
+        return list(dict.fromkeys(var for cond in self.conditions.values() for var in cond.sweep))
+
+    def with_overrides(
+        self,
+        models: str | Sequence[str] | None = None,
+        data_source: str | None = None,
+        limit: int | None = None,
+        store_path: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+    ) -> "Spec":
+        """A copy with CLI overrides applied and re-validated; errors name the CLI option.
+
+        ``models`` may be a comma-separated string (``--models a,b``).  ``limit`` caps
+        ``data.n`` (samples are prefix-stable, so a limited run is a prefix of the full one).
+        """
+        from .overrides import apply_overrides  # overrides re-validates through this module's Spec
+
+        return apply_overrides(self, models=models, data_source=data_source, limit=limit,
+                               store_path=store_path, device=device, dtype=dtype)
+
+    def _carry_provenance(self, other: "Spec", overrides: dict[str, Any]) -> None:
+        self._source, self._source_text, self._spec_hash = other._source, other._source_text, other._spec_hash
+        self._lines = other._lines
+        self._overrides = overrides
+
+
+def _reference_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    """Condition references (patch 'from', add 'direction_from', kv_swap 'donor') must name
+    an existing condition without a sweep; 'from'/'direction_from' may not name their own."""
+    problems = []
+    for name, cond in conditions.items():
+        refs: list[tuple[SpecPath, str, bool]] = []  # (sub-path, target, may be self)
+        for i, iv in enumerate(cond.interventions):
+            if iv.kind == "patch":
+                refs.append((("interventions", i, "from"), iv.from_, False))
+            elif iv.kind == "add" and iv.direction_from is not None:
+                refs.append((("interventions", i, "direction_from"), iv.direction_from, False))
+        if cond.kv_swap is not None:
+            refs.append((("kv_swap", "donor"), cond.kv_swap.donor, True))
+        for subpath, target, self_ok in refs:
+            message = _reference_message(target, name, self_ok, conditions)
+            if message:
+                problems.append((("conditions", name) + subpath, message))
+    return problems
+
+
+def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[str, Condition]) -> str | None:
+    candidates = [c for c, cond in conditions.items() if not cond.sweep and (self_ok or c != owner)]
+    expected = f"one of {', '.join(candidates)}" if candidates else "the name of another condition without a sweep"
+    if target == owner and not self_ok:
+        return f"condition '{owner}' refers to itself; expected {expected}"
+    if target not in conditions:
+        return f"unknown condition '{target}'{_did_you_mean(target, conditions)}; expected {expected}"
+    if conditions[target].sweep:
+        return f"condition '{target}' has a sweep, so it names several runs; expected {expected}"
+    return None
+
+
+def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
+    """Sites that exist but cannot play the role asked (e.g. `capture: {site: vision}`): refused
+    here, so `validate` refuses what `run` would, without loading any model."""
+    problems = []
+    for i, item in enumerate(spec.capture):
+        if item.site not in CAPTURE_SITES:
+            problems.append((("capture", i, "site"), f"site {item.site!r} cannot be captured; expected one of "
+                             f"{', '.join(CAPTURE_SITES)} (the projector output is 'hidden' at layer 0 on vision rows)"))
+    for name, cond in spec.conditions.items():
+        for j, iv in enumerate(cond.interventions):
+            if iv.site not in EDITABLE_SITES:
+                problems.append((("conditions", name, "interventions", j, "site"),
+                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(EDITABLE_SITES)}"))
+    return problems
+
+
+def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:
+    """(sub-path, condition) of every source a condition's interventions read (patch, add)."""
+    found = []
+    for i, iv in enumerate(cond.interventions):
+        if iv.kind == "patch":
+            found.append((("interventions", i, "from"), iv.from_))
+        elif iv.kind == "add" and iv.direction_from is not None:
+            found.append((("interventions", i, "direction_from"), iv.direction_from))
+    return found
+
+
+def _source_cycle_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    """Source conditions run before the condition that reads them, so their graph must be acyclic
+    (a topological order exists); a chain of any depth is fine."""
+    import graphlib
+
+    graph = {name: {target for _, target in _condition_sources(cond)} for name, cond in conditions.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        cycle = list(reversed(exc.args[1]))  # graphlib lists each before its reader; reversed, each reads the next
+        owner, target = cycle[0], cycle[1]
+        subpath = next(p for p, t in _condition_sources(conditions[owner]) if t == target)
+        return [(("conditions", owner) + subpath,
+                 f"source cycle {' -> '.join(cycle)} (each condition reads the next, so none can run first); "
+                 "expected sources that do not lead back to this condition")]
+    return []
+
+
+def _name_clash_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    problems = []
+    owner_of: dict[str, str] = {}
+    for base, cond in conditions.items():
+        for instance in _expand(base, cond):
+            if instance.name in owner_of:
+                problems.append(
+                    (
+                        ("conditions", base, "sweep"),
+                        f"expands to '{instance.name}', which condition '{owner_of[instance.name]}' "
+                        "also produces; expected unique run names (rename the sweep variable)",
+                    )
+                )
+                break
+            owner_of[instance.name] = base
+    return problems
