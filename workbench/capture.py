@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .models.protocol import ModelLike
 from .records import Record
 from .sites import batch_rows, order, position_index, residual_envoy, site, site_tensor
 
@@ -48,7 +49,7 @@ class ResidualCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
 
-    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         hidden = batch_rows(residual_envoy(model, layer).input, row)
         saved.setdefault(("hidden", layer), []).append(to_host(hidden[0]))
 
@@ -98,7 +99,7 @@ class AttentionCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
         return [(order("attention", l, 2), l) for l in self.layers]
 
-    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
         args, kwargs = call.inputs
         probs = attention_probabilities(args, kwargs, row)[0]  # (heads, q, k)
@@ -121,7 +122,7 @@ class ModuleOutputCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         saved.setdefault((self.site, None), []).append(to_host(batch_rows(site_tensor(model, self.site), row)[0]))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
@@ -144,7 +145,7 @@ class PatchCapture(Record):
             return [(order(self.site, l, 1), l) for l in self.layers]
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         if "pixel_values" not in inputs.encoding:
             return
         tensor = batch_rows(site_tensor(model, self.site, layer), row)
@@ -172,7 +173,7 @@ class EmbeddingTableCapture(Record):
     def targets(self) -> list[tuple[tuple[int, int, int], None]]:
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         envoy = model.module(model.arch.embed)[0]  # the same weights for every batch row
         norms = envoy.weight.detach().to(torch.float32).norm(dim=-1)
         scale = getattr(envoy, "embed_scale", None)
@@ -195,7 +196,7 @@ class SiteValues(Record):
             return [(order("layer", l, 1), l) for l in self.layers or ()]
         return [(order(self.site, None, 1), None)]
 
-    def read(self, model: Any, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+    def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         index = torch.as_tensor(position_index(self.positions, inputs.modality))
         saved[("site", self.site, layer)] = to_host(batch_rows(site_tensor(model, self.site, layer), row)[0, index])
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .models.protocol import ModelLike
 from .records import Record
 from .sites import (EDITABLE_SITES, PROJECTOR_SITES, batch_rows, connector_modules, order, position_index, site,
                     site_modules, site_tensor)
@@ -34,7 +35,7 @@ __all__ = ["EDITABLE_SITES", "PROJECTOR_SITES", "Intervention", "Scale", "Zero",
            "apply_rows", "build_intervention", "needs_source"]
 
 
-def apply_rows(model: Any, edits: list[tuple[Any, Any, int | None, tuple[int, int] | None]]) -> None:
+def apply_rows(model: ModelLike, edits: list[tuple[Any, Any, int | None, tuple[int, int] | None]]) -> None:
     """Interventions at one execution-order key, as (intervention, inputs, layer, batch row)s
     (several rows of a batched forward). Connector sites are modules, each served once in
     execution order (parts before the projector's output; Qwen3-VL: the DeepStack mergers, then
@@ -63,7 +64,7 @@ class Intervention(Record):
             return [(order(self.site, l, 0), l) for l in self.layers or ()]
         return [(order(self.site, None, 0), None)]
 
-    def apply(self, model: Any, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
+    def apply(self, model: ModelLike, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
         """Edit the site in place; `row` = (index, of): only that batch row's block (see
         `workbench.sites.batch_rows`), None: the whole batch."""
         access = site(self.site).access

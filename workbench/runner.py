@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from .checks import nonfinite_report
 from .errors import Interrupted, Terminated
+from .models.protocol import ClientModel
 from .plan import ModelPlan, compile_plan
 from .sites import VARIABLE_DIMS  # dims of every stored capture, from the site registry
 from .store import StoreWriter, Variable
@@ -242,7 +243,7 @@ def run_spec(
         samples = samples[shard[0]::shard[1]]
     preflight_positions(spec, plans, samples)
     _log_unbatched(getattr(backend, "batch_size", 1), plans, log)
-    remote_models: dict[str, Any] = {}
+    remote_models: dict[str, ClientModel] = {}
     if remote_config is not None:
         from .backends.remote import prepare_remote
 
@@ -303,7 +304,7 @@ class _Run:
 
     def __init__(self, spec: Any, store: StoreWriter, summary: RunSummary, hashes: dict[str, str], bar: Any,
                  log: Callable[[str], None], device: str, dtype: str, remote_config: Any,
-                 remote_models: dict[str, Any], first: Any):
+                 remote_models: dict[str, ClientModel], first: Any):
         self.spec, self.store, self.summary, self.hashes, self.bar, self.log = spec, store, summary, hashes, bar, log
         self.device, self.dtype, self.remote_config = device, dtype, remote_config
         self.remote_models, self.first = remote_models, first
@@ -342,7 +343,7 @@ class _Run:
                     writer.put_group(stored)
                     self.submitted += len(stored)
 
-    def _variables(self, model: Any, plan: ModelPlan, sample: Any, inputs_by_image: LazyInputs, condition: Any,
+    def _variables(self, model: ClientModel, plan: ModelPlan, sample: Any, inputs_by_image: LazyInputs, condition: Any,
                    result: Any) -> tuple:
         """One result as the writer takes it: (model, condition, sample, variables, attrs, input hash)."""
         model_id = plan.info.model_id
@@ -435,7 +436,7 @@ def _signal_drill(written: int) -> None:
 class LazyInputs(dict):
     """A sample's model inputs per image mode (real, blank, none), encoded on first use."""
 
-    def __init__(self, model: Any, sample: Any):
+    def __init__(self, model: ClientModel, sample: Any):
         super().__init__()
         self.model, self.sample = model, sample
 
@@ -445,7 +446,7 @@ class LazyInputs(dict):
 
 
 def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any, log: Callable[[str], None],
-                device_map: str | None = None) -> Any:
+                device_map: str | None = None) -> ClientModel:
     if remote is None:
         from .models.model import WorkbenchModel
 
@@ -455,7 +456,7 @@ def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any
     return load_remote_model(plan.info, remote, attn=attn, log=log)
 
 
-def _execute_sample(model: Any, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
+def _execute_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
                     remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
     """One sample's results as groups of (condition, result), a group per store commit: locally
     one forward (of up to `plan.batch_size` conditions) at a time, each group handed to the

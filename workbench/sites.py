@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .models.protocol import ModelLike
 from .records import Record
 
 
@@ -144,14 +145,14 @@ def batch_rows(tensor: Any, row: tuple[int, int] | None) -> Any:
     return tensor[index * block:(index + 1) * block]
 
 
-def residual_envoy(model: Any, layer: int) -> Any:
+def residual_envoy(model: ModelLike, layer: int) -> Any:
     """The envoy whose `.input` is the residual stream at `layer` (see the convention above)."""
     if layer < model.n_layers:
         return model.decoder_layers()[layer]
     return model.module(model.arch.final_norm)[0]
 
 
-def site_modules(model: Any, name: str) -> dict[str, Any]:
+def site_modules(model: ModelLike, name: str) -> dict[str, Any]:
     """{"path#i": envoy} of the modules whose outputs a `modules` site edits: the whole projector
     (all its modules), the merger alone, or one declared connector part."""
     arch = model.arch
@@ -164,7 +165,7 @@ def site_modules(model: Any, name: str) -> dict[str, Any]:
     return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}
 
 
-def connector_modules(model: Any) -> dict[str, Any]:
+def connector_modules(model: ModelLike) -> dict[str, Any]:
     """Every connector module an edit can reach, in execution order: the declared parts (in the
     family's order; they run inside the projector, or are its modules), then the projector's."""
     arch = model.arch
@@ -180,7 +181,7 @@ def _first(value: Any) -> Any:
     return value if hasattr(value, "shape") else value[0]
 
 
-def site_tensor(model: Any, name: str, layer: int | None = None) -> Any:
+def site_tensor(model: ModelLike, name: str, layer: int | None = None) -> Any:
     """The live tensor of a `sequence` or `patches` site. Sequence sites are (batch, seq, dim);
     patch sites keep the tower's own layout (batch of tiles x patches x dim, or patches x dim
     for Qwen), rows flattened by the capture."""

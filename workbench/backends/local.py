@@ -26,6 +26,7 @@ import torch
 
 from ..capture import CapturePlan, SiteValues
 from ..interventions import Normalize, apply_rows, needs_source
+from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
 from ..sites import batch_rows, order, position_index
@@ -63,7 +64,7 @@ class Row(Record):
     _defaults = {"interventions": (), "readers": (), "logits": False}
 
 
-def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
+def trace(model: ModelLike, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
           readers: list[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
           on_trace: Any = None) -> dict[Any, Any]:
     """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
@@ -79,7 +80,7 @@ def trace(model: Any, encoding: dict[str, Any], inputs: Any, interventions: tupl
     return saved[0]
 
 
-def trace_rows(model: Any, encoding: dict[str, Any], rows: list[Row], cache: Any = None, keep_cache: bool = False,
+def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cache: Any = None, keep_cache: bool = False,
                on_trace: Any = None) -> tuple[list[dict[Any, Any]], Any]:
     """One forward of `encoding`, whose batch row r is `rows[r]`: each row's interventions edit
     and its readers read only that row (`workbench.sites.batch_rows`). Returns each row's saved
@@ -128,7 +129,7 @@ def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
     return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
 
 
-def _decode_encoding(model: Any, token: torch.Tensor) -> dict[str, Any]:
+def _decode_encoding(model: ModelLike, token: torch.Tensor) -> dict[str, Any]:
     """Inputs of a one-token decode step, one token per batch row. No attention mask and no
     position ids: the model counts positions from its cache (Qwen3-VL adds the M-RoPE offset it
     kept from the prompt); the rows of a batch have equal lengths, so no padding either."""
@@ -147,7 +148,7 @@ def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, .
             mine[:, :, index] = getattr(source, part)[:, :, index].to(mine.device)
 
 
-def _resolve(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
              on_trace: Any = None) -> tuple[Any, ...]:
     """The condition's interventions ready to run: defaults resolved from the model, values from
     source conditions (patch, add direction_from) read by running those conditions first (the
@@ -206,7 +207,7 @@ def stack_encodings(encodings: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: torch.cat([e[k] for e in encodings], dim=0) for k in encodings[0]}
 
 
-def run_conditions(model: Any, inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], plan: ModelPlan,
+def run_conditions(model: ModelLike, inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], plan: ModelPlan,
                    batch_size: int = 1, on_trace: Any = None) -> dict[str, RunResult]:
     """Run one sample's `conditions`, up to `batch_size` of them per forward (`batches`); each
     result equals its unbatched `run_condition` (to float rounding)."""
@@ -217,13 +218,13 @@ def run_conditions(model: Any, inputs_by_image: dict[str, Any], conditions: list
     return {c.name: results[c.name] for c in conditions}
 
 
-def run_condition(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+def run_condition(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
                   on_trace: Any = None) -> RunResult:
     """Run one (sample, condition) and return its captures as numpy arrays. `on_trace`: see `trace`."""
     return run_batch(model, inputs_by_image, [condition], plan, on_trace)[0]
 
 
-def run_batch(model: Any, inputs_by_image: dict[str, Any], group: list[ConditionPlan], plan: ModelPlan,
+def run_batch(model: ModelLike, inputs_by_image: dict[str, Any], group: list[ConditionPlan], plan: ModelPlan,
               on_trace: Any = None) -> list[RunResult]:
     """The conditions of `group` (one, or several that `batches` put together) in one forward.
     Inference mode inside, not as a decorator: the function travels to NDIF by its source."""
@@ -244,7 +245,7 @@ def run_batch(model: Any, inputs_by_image: dict[str, Any], group: list[Condition
         return results
 
 
-def _run_kv_swap(model: Any, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
+def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
                  on_trace: Any = None) -> RunResult:
     """A kv_swap condition: prefill all but the last token, swap the donor's K/V in, decode it."""
     captures = plan.capture
@@ -293,7 +294,7 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
         getattr(result, output.rows).update(output.collect(merged))
 
 
-def _decode(model: Any, inputs: list[Any], captures: CapturePlan, cache: Any, last: list[dict],
+def _decode(model: ModelLike, inputs: list[Any], captures: CapturePlan, cache: Any, last: list[dict],
             results: list[RunResult], on_trace: Any = None) -> None:
     """Greedy decode of every batch row (`inputs[r]`, `results[r]`): step 0 is the prompt's own
     prediction (`last[r]`); steps 1.. feed each row's token back, one token per row per step."""

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..models.model import WorkbenchModel
+from ..models.protocol import ModelLike
 # undecorated (inspect.getsource follows __wrapped__: a torch.inference_mode() wrapper would be
 # rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
 from .local import RunResult, run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
@@ -61,7 +62,7 @@ def on_device(inputs: Any, device: Any, dtype: Any) -> Any:
     return inputs.replace(encoding=encoding)
 
 
-def server_run(model: Any, inputs_by_image: dict, names: list, plan: Any) -> dict:
+def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: Any) -> dict:
     """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
     local backend's `run_conditions` (batched by `plan.batch_size`, as locally); returns
     {condition: {"tokens": {...}, "run": {...}}} of CPU float32 (int64 for token ids) tensors."""
