@@ -65,22 +65,15 @@ def models(load_tiny):
     return {WorkbenchModel: local, RemoteModel: remote, ServerModel: server}
 
 
-@pytest.mark.parametrize("cls", [WorkbenchModel, RemoteModel, ServerModel], ids=lambda c: c.__name__)
-def test_each_model_class_satisfies_model_like(cls, models):
+@pytest.mark.parametrize("cls, protocol", [(WorkbenchModel, ModelLike), (RemoteModel, ModelLike), (ServerModel, ModelLike),
+                                           (WorkbenchModel, ClientModel), (RemoteModel, ClientModel)],
+                         ids=lambda c: c.__name__)
+def test_each_model_class_satisfies_the_protocol(cls, protocol, models):
     instance = models[cls]
-    wrong = {name: kind_on(cls, instance, name) for name, kind in members(ModelLike).items()
+    wrong = {name: kind_on(cls, instance, name) for name, kind in members(protocol).items()
              if kind_on(cls, instance, name) != kind}
     assert not wrong, f"{cls.__name__}: members missing (None) or of another kind: {wrong}"
-    assert isinstance(instance, ModelLike)
-
-
-@pytest.mark.parametrize("cls", [WorkbenchModel, RemoteModel], ids=lambda c: c.__name__)
-def test_client_models_satisfy_client_model(cls, models):
-    instance = models[cls]
-    wrong = {name: kind_on(cls, instance, name) for name, kind in members(ClientModel).items()
-             if kind_on(cls, instance, name) != kind}
-    assert not wrong, f"{cls.__name__}: {wrong}"
-    assert isinstance(instance, ClientModel)
+    assert isinstance(instance, protocol)
 
 
 def test_methods_take_the_protocols_parameters():
