@@ -59,6 +59,8 @@ _VAR_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _HF_REPO_RE = re.compile(r"[\w.-]+/[\w.-]+")
 
 
+# --------------------------------------------------------------------------- field validators
+# Custom validators give one clear "got ...; expected ..." message per field instead of
 # pydantic's per-union-member noise.  They report through a single custom error type whose
 # context carries (sub-path, message) pairs, so model-level checks can point at exact fields.
 

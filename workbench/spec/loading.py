@@ -13,6 +13,7 @@ from .schema import Spec
 from .translate import _allowed_fields, _translate
 from .yaml_lines import _read_yaml
 
+
 def parse_spec(text: str, source: str = "<spec>") -> Spec:
     """Validate spec YAML text; raise :class:`SpecError` listing every located problem."""
     data, lines, problems = _read_yaml(text)

@@ -12,6 +12,7 @@ from .problems import Problem, SpecError, SpecPath, _got
 from .schema import Spec
 from .translate import _translate
 
+
 def _split_models(models: str | Sequence[str]) -> Any:
     if isinstance(models, str):
         return [m.strip() for m in models.split(",") if m.strip()]
@@ -57,11 +58,8 @@ def apply_overrides(
     device: str | None = None,
     dtype: str | None = None,
 ) -> Spec:
-    """A copy with CLI overrides applied and re-validated; errors name the CLI option.
-
-    ``models`` may be a comma-separated string (``--models a,b``).  ``limit`` caps
-    ``data.n`` (samples are prefix-stable, so a limited run is a prefix of the full one).
-    """
+    """`Spec.with_overrides`: a copy of `base` with the overrides applied, re-validated, each
+    problem naming its CLI option (``source`` "command line")."""
     data = base.model_dump(by_alias=True, exclude_none=True)
     applied: dict[str, Any] = {}
     problems: list[Problem] = []

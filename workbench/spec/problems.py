@@ -14,7 +14,6 @@ from ..errors import BadInputError
 SpecPath = tuple[Any, ...]
 
 
-
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a spec, located by field path and (when known) line."""

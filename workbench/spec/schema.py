@@ -58,6 +58,7 @@ from .fields import (
 from .problems import Problem, SpecPath, _did_you_mean, _dotted, _got, _quoted
 from .yaml_lines import _line_of
 
+
 class _Model(BaseModel):
     # strict: "3" is not an int and true is not a number; forbid: typos are errors.
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)

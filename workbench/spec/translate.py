@@ -120,7 +120,6 @@ def _data_path(loc: SpecPath, data: Any) -> SpecPath:
 _ABSENT = object()
 
 
-
 def _allowed_fields(loc: SpecPath) -> list[str]:
     """Field names (aliases where set) of the model pydantic was validating at loc."""
     model = _model_at(loc)

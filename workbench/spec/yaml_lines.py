@@ -15,7 +15,6 @@ from .problems import Problem, SpecPath
 _MAX_YAML_VALUES = 200_000
 
 
-
 class _SpecLoader(yaml.SafeLoader):
     """Safe composer only: we never let PyYAML construct tagged objects."""
 
@@ -172,7 +171,6 @@ def _read_yaml(text: str) -> tuple[Any, dict[SpecPath, int], list[Problem]]:
         message = f"document expands to more than {_MAX_YAML_VALUES} values; expected a small spec"
         return None, {}, [Problem((), _line(root), message)]
     return data, builder.lines, builder.problems
-
 
 
 def _line_of(path: SpecPath, lines: dict[SpecPath, int]) -> int | None:
