@@ -371,6 +371,32 @@ def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureF
     return fig_file
 
 
+def heads(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `heads` table as heat maps, one row per model: each head's text→vision attention mass
+    and its attention-sink mass (mean over samples) by decoder layer."""
+    from .tables import heads_table
+
+    title = f"Attention per head: text→vision mass and the sink ({options.reference}, step {options.step})"
+    fig_file, data = _from_table("heads.png", title, heads_table, models, options)
+    if data is None:
+        return fig_file
+    panels = [(k, label) for k, label in (("vision_mass_by_head", "text→vision mass"),
+                                          ("sink_by_head", "sink mass (first position)")) if k in data]
+    names = [str(m) for m in data.model.values]
+    fig, axes = _grid(len(names), len(panels), width=4.6)
+    for i, model in enumerate(names):
+        for j, (key, label) in enumerate(panels):
+            ax = axes[i, j]
+            values = data[key].sel(model=model, stat="value").dropna("head", how="all").dropna("decoder_layer", how="all")
+            image = ax.imshow(values.transpose("decoder_layer", "head").values, aspect="auto", origin="lower",
+                              cmap="viridis", vmin=0.0)
+            ax.set(title=f"{model}: {label}", xlabel="head", ylabel="decoder layer")
+            fig.colorbar(image, ax=ax, label="attention probability")
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 def ladder_stages(n_vision_layers: int) -> list[str]:
     """The x axis of a norm ladder: the tower's layers, its output, the embedding table, the LLM input."""
     return [f"vision L{l}" for l in range(n_vision_layers)] + ["tower output", "embedding table", "LLM input"]
@@ -425,6 +451,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "kl_vs_alpha": kl_vs_alpha,
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
     "depth": depth,
+    "heads": heads,
     "norm_ladder": norm_ladder,
 }
 

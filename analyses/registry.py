@@ -30,6 +30,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("kv-cosine", "kv_cosine_table", ("kv_cosine_vs_alpha",), "Vision-token keys and values under α"),
     Analysis("kv-substitution", "kv_substitution_table", (), "KV-cache substitution"),
     Analysis("depth", "depth_table", ("depth",), "Norm growth and update size with depth"),
+    Analysis("heads", "heads_table", ("heads",), "Attention per head: vision mass and the sink"),
     # no claim quoted: the study measured two models; the cross-family question is the guide's
     Analysis("atlas", "atlas_table", ("norm_ladder",), "Norms across the vision-language interface (norm atlas)"),
 )

@@ -36,7 +36,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, correlation, kv, logits, norms, rotation, updates
+from . import atlas, attention, correlation, heads, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -478,6 +478,61 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "layer l is what the l-th decoder layer wrote relative to the stream it read (n/a at "
                               "layer 0, or where layer l−1 is not stored). Per-token values and massive "
                               "activations: analyses.depth.")
+    return table
+
+
+def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Per decoder layer: the text→vision attention mass averaged over heads and its largest head,
+    and the attention-sink mass of the decode step (`analyses.heads`), in the reference condition."""
+    from .bootstrap import summarize
+
+    ref = options.reference
+    b = _Builder("heads", f"Attention per head: text→vision mass and the sink (condition {ref}, decode step "
+                 f"{options.step})", ["model", "layer", "text→vision mass, head mean", "most vision-attending head",
+                                      "sink mass (first position), head mean", "largest sink head"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, (), (ref,))
+        if "prefill_vision_mass" not in ds.data_vars and "decode_attention" not in ds.data_vars:
+            lacking.append("prefill_vision_mass or decode_attention (capture `attention`)")
+        return lacking
+
+    def top(summary: xr.DataArray | None, layer: int) -> str:
+        if summary is None:
+            return "n/a"
+        values = summary.sel(decoder_layer=layer, stat="value")
+        if not np.isfinite(values).any():
+            return "n/a"
+        h = int(values.fillna(-np.inf).argmax("head"))
+        return f"head {h}: {str(estimate(summary.sel(decoder_layer=layer, head=h), 3))}"
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        per_head = {}
+        if "prefill_vision_mass" in ds.data_vars:
+            per_head["vision_mass"] = heads.head_vision_mass(ds, force=options.force)["mass"].sel(
+                condition=ref, modality="text")
+        if "decode_attention" in ds.data_vars:
+            per_head["sink"] = heads.attention_sink(ds, force=options.force)["sink"].sel(condition=ref, step=options.step)
+        per_head = {k: v.drop_vars(["condition", "modality", "step"], errors="ignore") for k, v in per_head.items()}
+        by_head = {k: summarize(v, **options.boot()) for k, v in per_head.items()}
+        head_mean = {k: summarize(v.mean("head"), **options.boot()) for k, v in per_head.items()}
+        layers = next(iter(per_head.values()))["decoder_layer"].values
+        for layer in layers:
+            cells = []
+            for name in ("vision_mass", "sink"):
+                mean = head_mean.get(name)
+                cells += [estimate(mean.sel(decoder_layer=layer), 3) if mean is not None else "n/a",
+                          top(by_head.get(name), layer)]
+            b.table.rows.append([model, str(int(layer)), *cells])
+            b.count(model, *(m.sel(decoder_layer=layer) for m in head_mean.values()))
+        return xr.Dataset({f"{k}_by_head": v for k, v in by_head.items()} | {f"{k}_head_mean": v for k, v in head_mean.items()})
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, "Text→vision mass: per text query token, the head's prefill attention on vision keys, "
+                              "averaged over the sample's text tokens. Sink: the decode query's attention on the first "
+                              "prompt position. The most vision-attending / largest sink head is the one with the "
+                              "largest mean over samples (its CI beside it).")
     return table
 
 
