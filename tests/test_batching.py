@@ -64,6 +64,20 @@ def run(text: str, logs: list[str] | None = None) -> None:
     run_spec(parse_spec(text), progress=False, log=(logs.append if logs is not None else lambda _: None))
 
 
+def assert_stores_match(unbatched: Path, batched: Path, name: str) -> tuple[xr.Dataset, xr.Dataset]:
+    """Every variable of the batched store equals the unbatched one: floats within 1e-5 (float32
+    rounding of other matmul shapes), integers exactly. Returns both datasets."""
+    a, b = workbench.open_store(unbatched, model=name), workbench.open_store(batched, model=name)
+    assert set(a.data_vars) == set(b.data_vars) and a.sizes == b.sizes
+    for variable in a.data_vars:
+        x, y = a[variable].values, b[variable].values
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
+        else:
+            np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
+    return a, b
+
+
 FAMILIES = [a.tiny for a in tiny_architectures()]
 
 
@@ -73,14 +87,7 @@ def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
     run(spec_for(name, one, 1))
     logs: list[str] = []
     run(spec_for(name, batched, 4), logs)
-    a, b = workbench.open_store(one, model=name), workbench.open_store(batched, model=name)
-    assert set(a.data_vars) == set(b.data_vars) and a.sizes == b.sizes
-    for variable in a.data_vars:
-        x, y = a[variable].values, b[variable].values
-        if np.issubdtype(x.dtype, np.floating):
-            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
-        else:
-            np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
+    a, b = assert_stores_match(one, batched, name)
     for dim in a.indexes:  # the labels: conditions, sweep values, samples, positions, modality
         assert a.indexes[dim].equals(b.indexes[dim]), (name, dim)
     for coord in a.coords:
@@ -177,11 +184,5 @@ capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
 store: {{path: {stores[batch]}}}
 """)
-    a, b = workbench.open_store(stores[1], model=name), workbench.open_store(stores[8], model=name)
+    a, _ = assert_stores_match(stores[1], stores[8], name)
     assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
-    for variable in a.data_vars:
-        x, y = a[variable].values, b[variable].values
-        if np.issubdtype(x.dtype, np.floating):
-            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
-        else:
-            np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
