@@ -10,6 +10,14 @@ Stored variables (dims; what a row is):
 - `decode_attention (token, step, decoder_layer, head)`: the attention probability of decode step s's
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
+- `keys_pre (token, decoder_layer, kv)`: the key projection's output (k_proj, before k_norm and
+  RoPE: W_K·Norm(h)), heads flattened like `keys`.
+- `attn_out`, `mlp_out (token, decoder_layer, dim)`: what decoder layer l's attention and MLP
+  branches add to the residual stream (`Architecture.branch_outputs`: the module outputs
+  themselves for pre-LN families, Gemma-3's post-attention / post-feedforward norms included), so
+  that h_l + attn_out_l + mlp_out_l = h_{l+1} (Qwen3-VL: = `hidden_pre_deepstack` l+1).
+- `hidden_pre_deepstack (token, layer, dim)`: Qwen3-VL's h_l before the DeepStack add (decoder
+  layer l-1's own output; index 0 is the LLM input): ‖u₁‖/‖h₀‖ without the injected image feature.
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
 - `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
   the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
@@ -30,7 +38,7 @@ import numpy as np
 import torch
 
 from .records import Record
-from .sites import batch_rows, order, position_index, residual_envoy, site, site_tensor
+from .sites import batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -96,7 +104,7 @@ class AttentionCapture(Record):
     _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
-        return [(order("attention", l, 2), l) for l in self.layers]
+        return [(read_order("attention", l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
@@ -127,6 +135,27 @@ class ModuleOutputCapture(Record):
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
         return {self.site: torch.cat(merged[(self.site, None)], dim=0).numpy()}
+
+
+class LayerOutputCapture(Record):
+    """A per-layer sequence site other than the residual stream, at each listed index: a decoder
+    layer's `keys_pre`, `attn_out` or `mlp_out` (`decoder_layer` 0..L-1), or Qwen3-VL's
+    `layer.pre_deepstack` (`layer` 0..L). Stored (token, layer dim, width)."""
+
+    _fields = ("site", "layers")
+    rows = "tokens"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+        return [(read_order(self.site, l), l) for l in self.layers]
+
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        saved.setdefault((self.site, layer), []).append(to_host(tensor[0]))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
+        per_layer = [torch.cat(merged[(self.site, l)], dim=0) for l in self.layers]
+        return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
 
 
 class PatchCapture(Record):
@@ -250,6 +279,8 @@ class CapturePlan(Record):
             coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
             coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
         for output in self.outputs:
-            if output.site == "vision_layer":  # the tower's own layer index, never the LLM's `layer`
-                coords["vision_hidden"] = {"vision_layer": np.asarray(output.layers)}
+            # per-layer sites keep their own index dim (`vision_layer`: the tower's, never the LLM's)
+            if getattr(output, "layers", None) is not None:
+                entry = site(output.site)
+                coords[entry.variable] = {entry.index: np.asarray(output.layers)}
         return coords
