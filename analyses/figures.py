@@ -417,6 +417,31 @@ def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     return fig_file
 
 
+def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `update-decomposition` table as curves: ‖a_l‖/‖h_l‖ and ‖m_l‖/‖h_l‖ per decoder layer,
+    one panel per model and branch, one line per modality."""
+    from .tables import update_decomposition_table
+
+    title = f"Attention and MLP updates relative to the stream ({options.reference})"
+    fig_file, data = _from_table("branch_shares.png", title, update_decomposition_table, models, options)
+    if data is None:
+        return fig_file
+    fig, axes = _grid(len(data.model), 2)
+    for row, model in enumerate(data.model.values):
+        shares = data.sel(model=model)
+        for col, (name, label) in enumerate((("attn_share", "‖a_l‖/‖h_l‖ (attention)"), ("mlp_share", "‖m_l‖/‖h_l‖ (MLP)"))):
+            ax = axes[row, col]
+            for modality, color in MODALITY_COLORS.items():
+                if modality in shares.modality:
+                    _band(ax, shares.decoder_layer, shares[name].sel(modality=modality), color, modality, marker="o")
+            ax.set(title=f"{model}: {label}", xlabel="decoder layer l", ylabel="ratio (unitless)")
+            ax.legend(title="modality", fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
     "norms_updates": norms_updates,
     "cosine_to_first": cosine_to_first,
@@ -426,6 +451,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
     "depth": depth,
     "norm_ladder": norm_ladder,
+    "branch_shares": branch_shares,
 }
 
 

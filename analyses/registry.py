@@ -32,6 +32,9 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("depth", "depth_table", ("depth",), "Norm growth and update size with depth"),
     # no claim quoted: the study measured two models; the cross-family question is the guide's
     Analysis("atlas", "atlas_table", ("norm_ladder",), "Norms across the vision-language interface (norm atlas)"),
+    Analysis("update-decomposition", "update_decomposition_table", ("branch_shares",),
+             "Attention and MLP updates by modality and layer",
+             "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
 )
 
 NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)

@@ -14,6 +14,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 | `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
+| `update-decomposition` | model × decoder layer | ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l‖ per modality (`branches.update_decomposition`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -36,7 +37,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, correlation, kv, logits, norms, rotation, updates
+from . import atlas, attention, branches, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -519,6 +520,35 @@ def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
                               "input embedding table as the embedding module outputs them (the whole vocabulary, no "
                               "CI: one matrix); rank 1 = the largest row norm of V rows.")
+    return table
+
+
+def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """The update decomposition (`branches.update_decomposition`): per decoder layer, what the
+    attention and MLP branches add relative to the stream they read, per modality."""
+    ref = options.reference
+    b = _Builder("update-decomposition", f"Attention and MLP updates relative to the residual stream (condition {ref})",
+                 ["model", "decoder layer", "vision ‖a_l‖/‖h_l‖", "vision ‖m_l‖/‖h_l‖",
+                  "text ‖a_l‖/‖h_l‖", "text ‖m_l‖/‖h_l‖"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        if not branches.branch_layers(ds):
+            raise MissingInputs("a decoder layer with attn_out, mlp_out and its residual layer stored")
+        text_set = options.definitions_for(ds)["text_set"]
+        data = branches.update_decomposition(ds, text_set=text_set, **options.boot()).sel(condition=ref)
+        for layer in data.decoder_layer.values:
+            row = data.sel(decoder_layer=layer)
+            cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
+                     for modality in ("vision", "text") for name in branches.BRANCHES]
+            b.table.rows.append([model, str(int(layer)), *cells])
+            b.count(model, row["attn_share"])
+        return data
+
+    table = b.run(models, lambda ds: _missing(ds, branches.VARIABLES, (ref,)), fill)
+    if not table.skipped:
+        table.notes.insert(0, "Decoder layer l reads h_l and adds a_l (attention branch) and m_l (MLP branch) to it: "
+                              "h_(l+1) = h_l + a_l + m_l. Each share is the mean over a sample's tokens of that "
+                              "modality, then over samples. Per-token values: analyses.branches.token_shares.")
     return table
 
 
