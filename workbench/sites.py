@@ -54,7 +54,8 @@ class Site(Record):
       positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
       edits act on every row), `modules` (the outputs of connector modules), `weights` (a
       parameter, read once per run), `branch` (a module inside a decoder layer,
-      `Architecture.branch_outputs`), `attention`, `cache`, `head` (read by their captures)"""
+      `Architecture.branch_outputs`), `source` (an operation inside self-attention's forward,
+      `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)"""
 
     _fields = ("name", "stage", "index", "vision", "stores", "editable", "access")
     _defaults = {"index": None, "vision": False, "editable": False}
@@ -79,7 +80,7 @@ SITES: dict[str, Site] = {s.name: s for s in (
     Site("layer", 4, index="layer", stores={"hidden": ("token", "layer", "dim")}, editable=True, access="sequence"),
     # inside decoder layer l: the key projection's output (before k_norm and RoPE: what
     # W_K·Norm(h) is), then each branch's output before the residual add (Architecture.branch_outputs)
-    Site("keys_pre", 4, index="decoder_layer", stores={"keys_pre": ("token", "decoder_layer", "kv")}, access="branch"),
+    Site("keys_pre", 4, index="decoder_layer", stores={"keys_pre": ("token", "decoder_layer", "kv")}, access="source"),
     Site("attn_out", 4, index="decoder_layer", stores={"attn_out": ("token", "decoder_layer", "dim")}, access="branch"),
     Site("mlp_out", 4, index="decoder_layer", stores={"mlp_out": ("token", "decoder_layer", "dim")}, access="branch"),
     # h_l before DeepStack's add (families with DeepStack only): decoder layer l-1's own output
@@ -216,7 +217,9 @@ def site_tensor(model: Any, name: str, layer: int | None = None) -> Any:
         return residual_envoy(model, layer).input
     if name == "layer.pre_deepstack":  # layer 0: the LLM input (no DeepStack add before it)
         return residual_envoy(model, 0).input if layer == 0 else _first(model.decoder_layers()[layer - 1].output)
-    if name in model.arch.branch_outputs:  # attn_out, mlp_out, keys_pre of decoder layer `layer`
+    if name == "keys_pre":  # the key projection's call inside self-attention (see Architecture)
+        return getattr(model.decoder_layers()[layer].self_attn.source, model.arch.key_projection_call).output
+    if name in model.arch.branch_outputs:  # attn_out, mlp_out of decoder layer `layer`
         envoy = model.decoder_layers()[layer]
         for attribute in model.arch.branch_outputs[name].split("."):
             envoy = getattr(envoy, attribute)
