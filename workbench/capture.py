@@ -18,6 +18,10 @@ Stored variables (dims; what a row is):
   that h_l + attn_out_l + mlp_out_l = h_{l+1} (Qwen3-VL: = `hidden_pre_deepstack` l+1).
 - `hidden_pre_deepstack (token, layer, dim)`: Qwen3-VL's h_l before the DeepStack add (decoder
   layer l-1's own output; index 0 is the LLM input): ‖u₁‖/‖h₀‖ without the injected image feature.
+- `lens_ids`, `lens_logprobs (token, layer, lens_rank)`: the logit lens of residual layer l, the
+  top-k (`LENS_TOP_K`) token ids and log-probabilities of log_softmax(lm_head(final_norm(h_l))) at
+  every position, rank 0 the most likely (no final-logit softcapping: the head's output, like
+  `logprobs`).
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
 - `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
   the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
@@ -158,6 +162,37 @@ class LayerOutputCapture(Record):
         return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
 
 
+LENS_TOP_K = 10  # tokens kept per (position, layer) by the logit lens
+
+
+class LogitLensCapture(Record):
+    """The logit lens at each listed residual layer l: the family's own final norm and LM head
+    applied to h_l (nnsight's ad-hoc module call: it serves nothing and spends no occurrence of
+    the real forward), log_softmax in float32, and its top `k` token ids and log-probabilities
+    per position (rank 0 = the most likely). At l = L it is the model's own next-token
+    distribution (the final norm's output through the head)."""
+
+    _fields = ("layers", "k")
+    _defaults = {"k": LENS_TOP_K}
+    rows = "tokens"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+        return [(read_order("logit_lens", l), l) for l in self.layers]
+
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        hidden = batch_rows(residual_envoy(model, layer).input, row)[0]
+        norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
+        logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
+        top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)
+        saved.setdefault(("lens_ids", layer), []).append(top.indices.detach().to("cpu", copy=True))
+        saved.setdefault(("lens_logprobs", layer), []).append(to_host(top.values))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{lens_ids, lens_logprobs: (token, layer, lens_rank)}; a prompt over two traces is joined."""
+        return {name: torch.stack([torch.cat(merged[(name, l)], dim=0) for l in self.layers], dim=1).numpy()
+                for name in ("lens_ids", "lens_logprobs")}
+
+
 class PatchCapture(Record):
     """A vision-tower site, one row per patch: `vision` (the tower's output as the connector
     receives it) or `vision_layer` (each listed tower layer's output). Read in the prompt forward
@@ -281,6 +316,7 @@ class CapturePlan(Record):
         for output in self.outputs:
             # per-layer sites keep their own index dim (`vision_layer`: the tower's, never the LLM's)
             if getattr(output, "layers", None) is not None:
-                entry = site(output.site)
-                coords[entry.variable] = {entry.index: np.asarray(output.layers)}
+                entry = site(getattr(output, "site", "logit_lens"))
+                for variable in entry.stores:
+                    coords[variable] = {entry.index: np.asarray(output.layers)}
         return coords

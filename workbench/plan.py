@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, LayerOutputCapture,
-                      ModuleOutputCapture, PatchCapture, ResidualCapture)
+                      LogitLensCapture, ModuleOutputCapture, PatchCapture, ResidualCapture)
 from .records import Record
 from .interventions import RUNTIME, build_intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
@@ -147,6 +147,8 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
                 continue
             layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site))
             plan.outputs += (LayerOutputCapture(item.site, layers),)
+        elif item.site == "logit_lens":
+            plan.outputs += (LogitLensCapture(check.layers(item.layers, path + ("layers",), n)),)
         elif item.site in ("embed", "final_norm"):
             plan.outputs += (ModuleOutputCapture(item.site),)
     if kv_layers:

@@ -86,6 +86,10 @@ SITES: dict[str, Site] = {s.name: s for s in (
     # h_l before DeepStack's add (families with DeepStack only): decoder layer l-1's own output
     Site("layer.pre_deepstack", 4, index="layer", stores={"hidden_pre_deepstack": ("token", "layer", "dim")},
          access="sequence"),
+    # the logit lens of residual layer l: the top-k of log_softmax(lm_head(final_norm(h_l))),
+    # computed in the trace (analyses never load weights)
+    Site("logit_lens", 4, index="layer", access="head",
+         stores={"lens_ids": ("token", "layer", "lens_rank"), "lens_logprobs": ("token", "layer", "lens_rank")}),
     Site("attention", 4, index="decoder_layer", access="attention",
          stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
                  "decode_attention": ("token", "step", "decoder_layer", "head")}),
