@@ -7,10 +7,9 @@ its attention branch's output and m_l its MLP branch's output as added to the st
 - attention share: ‖a_l(t)‖₂ / ‖h_l(t)‖₂;
 - MLP share:       ‖m_l(t)‖₂ / ‖h_l(t)‖₂.
 
-Per (condition, modality, decoder_layer): the mean over a sample's tokens of that modality, then
-the mean over samples with a 95% bootstrap CI (`bootstrap.summarize`, dim `stat`). Modality: the
-store's token labels, with `text_set = "text+boundary"` counting boundary tokens as text
-(workbench.definitions). "Same absolute update, different share": compare ‖a_l‖ or ‖m_l‖ (the
+Per (condition, modality, decoder_layer): the mean over a sample's tokens of that modality
+(`grouping.sample_means`: `text_set = "text+boundary"` counts boundary tokens as text), then the
+mean over samples with a 95% bootstrap CI (`bootstrap.summarize`, dim `stat`). "Same absolute update, different share": compare ‖a_l‖ or ‖m_l‖ (the
 `absolute` option) across modalities with the shares.
 
 Pure numpy/pandas/xarray, never torch.
@@ -19,11 +18,10 @@ Pure numpy/pandas/xarray, never torch.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
 from .bootstrap import N_RESAMPLES, SEED, summarize
-from .streaming import as_str
+from .grouping import sample_means
 
 VARIABLES = ("hidden", "attn_out", "mlp_out")
 BRANCHES = {"attn_share": "attn_out", "mlp_share": "mlp_out"}
@@ -60,31 +58,10 @@ def token_shares(ds: xr.Dataset, absolute: bool = False) -> xr.Dataset:
     return xr.Dataset(out, coords={"decoder_layer": layers})
 
 
-def _group_labels(ds: xr.Dataset, text_set: str) -> pd.DataFrame:
-    modality = as_str(ds["modality"].values)
-    if text_set == "text+boundary":
-        modality = np.where(modality == "boundary", "text", modality)
-    elif text_set != "text":
-        raise ValueError(f"text_set: got {text_set!r}; expected 'text' or 'text+boundary'")
-    return pd.DataFrame({"condition": as_str(ds["condition"].values), "modality": modality,
-                         "sample": as_str(ds["sample"].values)})
-
-
 def update_decomposition(ds: xr.Dataset, *, text_set: str = "text", absolute: bool = False, per_sample: bool = False,
                          n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
     """`attn_share`, `mlp_share` per (condition, modality, decoder_layer) for `vision` and `text`:
     the per-sample token means, summarized over samples with CI (per_sample: dim `sample` kept)."""
     shares = token_shares(ds, absolute)
-    labels = _group_labels(ds, text_set)
-    keep = labels["modality"].isin(["vision", "text"]).values
-    parts = {}
-    for name in BRANCHES:
-        frame = pd.DataFrame(shares[name].values[keep], columns=shares["decoder_layer"].values)
-        frame = pd.concat([labels[keep].reset_index(drop=True), frame], axis=1)
-        means = frame.groupby(["condition", "modality", "sample"]).mean().stack()
-        means.index = means.index.set_names(["condition", "modality", "sample", "decoder_layer"])
-        parts[name] = xr.DataArray.from_series(means).transpose("condition", "modality", "decoder_layer", "sample")
-    data = xr.Dataset(parts)
-    data = data.assign_coords(decoder_layer=data["decoder_layer"].values.astype(np.int64),
-                              modality=data["modality"].values.astype(str))
+    data = xr.Dataset({name: sample_means(ds, shares[name], text_set) for name in BRANCHES})
     return data if per_sample else summarize(data, n_resamples=n_resamples, seed=seed)

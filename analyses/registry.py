@@ -35,6 +35,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("update-decomposition", "update_decomposition_table", ("branch_shares",),
              "Attention and MLP updates by modality and layer",
              "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
+    Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
 )
 
 NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)

@@ -15,6 +15,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 | `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
 | `update-decomposition` | model × decoder layer | ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l‖ per modality (`branches.update_decomposition`) |
+| `logit-lens`      | model × layer        | lens top-1 = final top-1, lens top-1 probability per modality (`lens.logit_lens`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -37,7 +38,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, branches, correlation, kv, logits, norms, rotation, updates
+from . import atlas, attention, branches, correlation, kv, lens, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -549,6 +550,34 @@ def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) 
         table.notes.insert(0, "Decoder layer l reads h_l and adds a_l (attention branch) and m_l (MLP branch) to it: "
                               "h_(l+1) = h_l + a_l + m_l. Each share is the mean over a sample's tokens of that "
                               "modality, then over samples. Per-token values: analyses.branches.token_shares.")
+    return table
+
+
+def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """The logit lens (`lens.logit_lens`): per layer and modality, how often the lens's top-1 token
+    is already the last layer's, and the lens's top-1 probability."""
+    ref = options.reference
+    b = _Builder("logit-lens", f"Logit lens on vision and text tokens by layer (condition {ref})",
+                 ["model", "layer", "vision top-1 = final", "vision top-1 p", "text top-1 = final", "text top-1 p"],
+                 options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        text_set = options.definitions_for(ds)["text_set"]
+        data = lens.logit_lens(ds, text_set=text_set, **options.boot()).sel(condition=ref)
+        for layer in data.layer.values:
+            row = data.sel(layer=layer)
+            cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
+                     for modality in ("vision", "text") for name in lens.MEASURES]
+            b.table.rows.append([model, str(int(layer)), *cells])
+            b.count(model, row["agreement"])
+        return data
+
+    table = b.run(models, lambda ds: _missing(ds, lens.VARIABLES, (ref,)), fill)
+    if not table.skipped:
+        table.notes.insert(0, "Lens at layer l: log_softmax(lm_head(final_norm(h_l))), computed at run time. "
+                              "'top-1 = final': the share of a sample's tokens whose lens top-1 token equals the "
+                              "top-1 at the last stored layer (the model's own prediction when that is layer L); "
+                              "'top-1 p': the lens's top-1 probability. Per-token values: analyses.lens.token_lens.")
     return table
 
 

@@ -64,3 +64,78 @@ def test_logit_lens_matches_plain_torch(load_tiny, name):
     assert stored["lens_ids"][-1, -1, 0] == order[0]
     # the lens changes with depth: layer 0 is not already the final prediction everywhere
     assert (stored["lens_ids"][:, 0, 0] != stored["lens_ids"][:, -1, 0]).any()
+
+
+# -- the analysis (analyses.lens, table logit-lens, figure lens_curves) on a stored run ----------
+
+LENS_MODELS = ("tiny-smolvlm", "tiny-qwen3vl")
+
+
+@pytest.fixture(scope="module")
+def lens_store(tmp_path_factory, workbench_cache):
+    from workbench.runner import run_spec
+    from workbench.spec import parse_spec
+
+    store = tmp_path_factory.mktemp("lens") / "lens.zarr"
+    run_spec(parse_spec(f"""\
+name: lens
+models: [{", ".join(LENS_MODELS)}]
+data: {{source: builtin, n: 3}}
+conditions: {{baseline: {{}}}}
+capture: [{{site: logit_lens}}, {{site: logits}}]
+backend: {{dtype: float32, device: cpu}}
+store: {{path: {store}}}
+"""), progress=False, log=lambda _: None)
+    return store
+
+
+def _labels(ds, name):
+    return np.asarray(ds[name].values).astype(object).astype(str)
+
+
+@pytest.mark.parametrize("name", LENS_MODELS)
+def test_lens_analysis_equals_numpy(lens_store, name):
+    import workbench
+    from analyses.bootstrap import bootstrap_array
+    from analyses.lens import logit_lens
+
+    ds = workbench.open_store(lens_store, model=name)
+    ids, logprobs = np.asarray(ds["lens_ids"].values), np.asarray(ds["lens_logprobs"].values, np.float64)
+    modality, samples = _labels(ds, "modality"), _labels(ds, "sample")
+    # the stored lens at the last layer, last prompt position, is the stored step-0 prediction
+    first = np.flatnonzero(samples == sorted(set(samples))[0])
+    assert ids[first[-1], -1, 0] == ds["generated"].values[0, 0]
+    per_sample = logit_lens(ds, per_sample=True)
+    summary = logit_lens(ds, n_resamples=100, seed=1)
+    for group in ("vision", "text"):
+        agree, prob = [], []
+        for sample in sorted(set(samples)):
+            rows = (modality == group) & (samples == sample)
+            agree.append((ids[rows, :, 0] == ids[rows, -1:, 0]).mean(0))
+            prob.append(np.exp(logprobs[rows, :, 0]).mean(0))
+        for measure, expected in (("agreement", np.stack(agree, -1)), ("top1_prob", np.stack(prob, -1))):
+            got = per_sample[measure].sel(condition="baseline", modality=group).values
+            np.testing.assert_allclose(got, expected, rtol=1e-10)
+            np.testing.assert_allclose(summary[measure].sel(condition="baseline", modality=group).values,
+                                       bootstrap_array(expected, n_resamples=100, seed=1), rtol=1e-10)
+    assert (per_sample["agreement"].sel(layer=int(ds["layer"].values[-1])) == 1).all()
+
+
+def test_lens_table_figure_and_cli(lens_store, tmp_path, capsys):
+    import workbench
+    from analyses.figures import lens_curves
+    from analyses.tables import Options, build_tables, open_models
+    from workbench.cli import main
+
+    table = build_tables(lens_store, ["logit-lens"], Options(n_resamples=50))[0]
+    assert not table.skipped
+    for model in LENS_MODELS:
+        layers = workbench.open_store(lens_store, model=model).sizes["layer"]
+        assert [r[1] for r in table.rows if r[0] == model] == [str(l) for l in range(layers)]
+    figure = lens_curves(open_models(lens_store), Options(n_resamples=50), tmp_path)
+    assert figure.skipped is None and figure.path.stat().st_size > 0
+    capsys.readouterr()
+    assert main(["analyze", str(lens_store), "logit-lens"]) == 0
+    assert "top-1 = final" in capsys.readouterr().out
+    skipped = build_tables(lens_store, ["update-decomposition"])[0]
+    assert "attn_out" in skipped.skipped
