@@ -450,6 +450,35 @@ def lens_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     return _modality_panels(data, "layer", panels, LAYER_LABEL, "share / probability", title, fig_file, out)
 
 
+def trajectories_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `trajectories` table as curves over layers, one line per swept value: the vision tokens'
+    norm and their cosine to the reference."""
+    from .tables import trajectories_table
+
+    title = f"Vision-token trajectories against {_sweep_name(options.sweep)} ({options.reference})"
+    fig_file, data = _from_table("trajectories_vs_alpha.png", title, trajectories_table, models, options)
+    if data is None:
+        return fig_file
+    fig, axes = _grid(len(data.model), 2)
+    for row, model in enumerate(data.model.values):
+        values = data.sel(model=model).dropna("condition", how="all")
+        colors = condition_colors([str(c) for c in values.condition.values])
+        for condition in values.condition.values:
+            curve = values.sel(condition=condition)
+            _band(axes[row, 0], curve.layer, curve["norm"], colors[str(condition)], str(condition), marker="o")
+            _band(axes[row, 1], curve.layer, curve["cos_reference"], colors[str(condition)], str(condition), marker="o")
+        axes[row, 0].set(title=f"{model}: vision ‖h_l‖₂", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
+                         yscale="log")
+        axes[row, 1].set(title=f"{model}: cos(h_l, h_l of {options.reference})", xlabel=LAYER_LABEL,
+                         ylabel="cosine (unitless)")
+        for ax in axes[row]:
+            ax.legend(title="condition", fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `update-decomposition` table as curves: ‖a_l‖/‖h_l‖ and ‖m_l‖/‖h_l‖ per decoder layer,
     one panel per model and branch, one line per modality."""
@@ -474,6 +503,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "norm_ladder": norm_ladder,
     "branch_shares": branch_shares,
     "lens_curves": lens_curves,
+    "trajectories_vs_alpha": trajectories_vs_alpha,
 }
 
 

@@ -32,14 +32,16 @@ def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
 
 
-def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
+def paired_cosine(ds: xr.Dataset, reference: str, names: list[str]) -> xr.Dataset:
+    """Per (condition, sample, modality, layer dim of the variables): the mean over tokens of the
+    cosine of each variable in `names` (`cos_<name>`) between a token and the same token (sample,
+    position, token sequence: `pair_rows`) of `reference`."""
     lay = layout(ds, "token")
     if reference not in lay.condition_rows:
-        raise MissingInputs(f"K/V cosines need the reference condition {reference!r}")
-    names = [n for n in ("keys", "values") if n in ds.data_vars]
-    _, layers = layer_values(ds, ds[names[0]])
+        raise MissingInputs(f"cosines to a reference need the reference condition {reference!r}")
+    dim, layers = layer_values(ds, ds[names[0]])
     n_mod = len(MODALITIES)
-    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    out = {f"cos_{n}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
     for c, condition in enumerate(lay.conditions):
         rows_c, rows_r = pair_rows(lay, condition, reference)
         known = lay.modality_code[rows_c] >= 0
@@ -53,8 +55,13 @@ def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
         # one compute per condition: the reference's blocks are read again for each condition,
         # but never held in memory for all of them at once
         for name, result in zip(names, dask.compute(*lazies)):
-            out[f"cos_{name[0]}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
-    return per_group_dataset(lay, out, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
+            out[f"cos_{name}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
+    return per_group_dataset(lay, out, lay.conditions, (dim,), {dim: layers})
+
+
+def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
+    names = [n for n in ("keys", "values") if n in ds.data_vars]
+    return paired_cosine(ds, reference, names).rename({f"cos_{n}": f"cos_{n[0]}" for n in names})
 
 
 @cached("kv_cosine", version=1, variables=("keys", "values"))

@@ -35,6 +35,8 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("update-decomposition", "update_decomposition_table", ("branch_shares",),
              "Attention and MLP updates by modality and layer",
              "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
+    Analysis("trajectories", "trajectories_table", ("trajectories_vs_alpha",), "Vision-token trajectories against α",
+             "scaling the projector output breaks the vision tokens' trajectories"),
     Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
 )
 

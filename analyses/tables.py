@@ -16,6 +16,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
 | `update-decomposition` | model × decoder layer | ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l‖ per modality (`branches.update_decomposition`) |
 | `logit-lens`      | model × layer        | lens top-1 = final top-1, lens top-1 probability per modality (`lens.logit_lens`) |
+| `trajectories`    | model × α × layer    | vision ‖h_l‖₂, cos(h_l, h_l^ref) (`trajectories.vision_trajectories`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -38,7 +39,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, branches, correlation, kv, lens, logits, norms, rotation, updates
+from . import atlas, attention, branches, correlation, kv, lens, logits, norms, rotation, trajectories, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -578,6 +579,39 @@ def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "'top-1 = final': the share of a sample's tokens whose lens top-1 token equals the "
                               "top-1 at the last stored layer (the model's own prediction when that is layer L); "
                               "'top-1 p': the lens's top-1 probability. Per-token values: analyses.lens.token_lens.")
+    return table
+
+
+def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Vision trajectories against α (`trajectories.vision_trajectories`): per swept value and
+    layer, the vision tokens' mean norm and their cosine to the reference's same token."""
+    ref, sweep = options.reference, options.sweep
+    symbol = sweep if sweep != "alpha" else "α"
+    b = _Builder("trajectories", f"Vision-token trajectories against {symbol} (cosine to {ref})",
+                 ["model", symbol, "layer", "vision ‖h_l‖₂", "cos(h_l, h_l^ref)"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden",), (ref,))
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = _sweep_conditions(ds, sweep)
+        data = trajectories.vision_trajectories(ds, ref, force=options.force, **options.boot())
+        data = data.reindex(condition=[c for c, _, _ in conditions])
+        for condition, _, label in conditions:
+            for layer in data.layer.values:
+                row = data.sel(condition=condition, layer=layer)
+                b.table.rows.append([model, label, str(int(layer)), estimate(row["norm"], 2),
+                                     estimate(row["cos_reference"], 3)])
+                b.count(model, row["norm"])
+        return data
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, f"Means over a sample's vision tokens, then over samples. cos(h_l, h_l^ref): the same token "
+                              f"(sample, position) of {ref}. Every stored layer; capture all layers in the sweep.")
     return table
 
 
