@@ -13,7 +13,8 @@ Residual-stream convention, the same for every architecture: `layer` index 0 is 
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
 after l decoder layers have run (before the final norm; for Qwen3-VL after the DeepStack add, since
 it is what decoder layer l receives). With L decoder layers the indices are 0..L: index l < L is
-read at the input of decoder layer l, index L at the input of the final norm.
+read at the input of decoder layer l, index L at the input of the final norm. Qwen3-VL's
+`layer.pre_deepstack` l (l >= 1) is decoder layer l-1's own output, before the DeepStack add.
 
 Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
 mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
