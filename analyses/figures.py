@@ -430,8 +430,14 @@ def _modality_panels(data: xr.Dataset, x: str, panels: tuple[tuple[str, str], ..
                 if modality in values.modality:
                     _band(ax, values[x], values[name].sel(modality=modality), color, modality, marker="o")
             ax.set(title=f"{model}: {label}", xlabel=xlabel, ylabel=ylabel)
-            ax.legend(title="modality", fontsize=8)
-            ax.grid(alpha=0.3)
+    return _finish(fig, axes, "modality", title, fig_file, out)
+
+
+def _finish(fig: Figure, axes: np.ndarray, legend: str, title: str, fig_file: FigureFile, out: Path) -> FigureFile:
+    """Legends (titled `legend`) and grids on every panel, the title, and the file written."""
+    for ax in axes.flat:
+        ax.legend(title=legend, fontsize=8)
+        ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig_file.path = _save(fig, out, fig_file.name)
     return fig_file
@@ -471,12 +477,7 @@ def trajectories_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: 
                          yscale="log")
         axes[row, 1].set(title=f"{model}: cos(h_l, h_l of {options.reference})", xlabel=LAYER_LABEL,
                          ylabel="cosine (unitless)")
-        for ax in axes[row]:
-            ax.legend(title="condition", fontsize=8)
-            ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = _save(fig, out, fig_file.name)
-    return fig_file
+    return _finish(fig, axes, "condition", title, fig_file, out)
 
 
 def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:

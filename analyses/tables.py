@@ -525,6 +525,16 @@ def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     return table
 
 
+def _modality_rows(b: _Builder, model: str, data: xr.Dataset, dim: str, measures: tuple[str, ...]) -> None:
+    """One row per label of `dim`: each measure on vision tokens, then each on text tokens."""
+    for layer in data[dim].values:
+        row = data.sel({dim: layer})
+        cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
+                 for modality in ("vision", "text") for name in measures]
+        b.table.rows.append([model, str(int(layer)), *cells])
+        b.count(model, row[measures[0]])
+
+
 def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     """The update decomposition (`branches.update_decomposition`): per decoder layer, what the
     attention and MLP branches add relative to the stream they read, per modality."""
@@ -538,12 +548,7 @@ def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) 
             raise MissingInputs("a decoder layer with attn_out, mlp_out and its residual layer stored")
         text_set = options.definitions_for(ds)["text_set"]
         data = branches.update_decomposition(ds, text_set=text_set, **options.boot()).sel(condition=ref)
-        for layer in data.decoder_layer.values:
-            row = data.sel(decoder_layer=layer)
-            cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
-                     for modality in ("vision", "text") for name in branches.BRANCHES]
-            b.table.rows.append([model, str(int(layer)), *cells])
-            b.count(model, row["attn_share"])
+        _modality_rows(b, model, data, "decoder_layer", tuple(branches.BRANCHES))
         return data
 
     table = b.run(models, lambda ds: _missing(ds, branches.VARIABLES, (ref,)), fill)
@@ -565,12 +570,7 @@ def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         text_set = options.definitions_for(ds)["text_set"]
         data = lens.logit_lens(ds, text_set=text_set, **options.boot()).sel(condition=ref)
-        for layer in data.layer.values:
-            row = data.sel(layer=layer)
-            cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
-                     for modality in ("vision", "text") for name in lens.MEASURES]
-            b.table.rows.append([model, str(int(layer)), *cells])
-            b.count(model, row["agreement"])
+        _modality_rows(b, model, data, "layer", lens.MEASURES)
         return data
 
     table = b.run(models, lambda ds: _missing(ds, lens.VARIABLES, (ref,)), fill)
