@@ -116,3 +116,22 @@ store: {{path: {store}}}
 """), progress=False, log=lambda _: None)
     table = build_tables(store, ["update-decomposition"])[0]
     assert table.skipped and "attn_out" in table.skipped and "mlp_out" in table.skipped
+
+
+def test_shares_on_the_synthetic_store_are_its_closed_form(tmp_path):
+    """The synthetic store splits every update as a_l = 0.4 u_l, m_l = 0.6 u_l: each share is that
+    part of the relative update ‖u_l‖/‖h_l‖ (analyses.updates, another code path)."""
+    from analyses.synthetic import ATTN_PART, DEFAULT_MODELS, write_synthetic_store
+    from analyses.updates import relative_update
+
+    model = DEFAULT_MODELS[0]
+    store = write_synthetic_store(tmp_path / "syn.zarr", models=(model,), n_samples=3, alphas=(0.5,),
+                                  extra_conditions=(), jitter=0.1)
+    ds = workbench.open_store(store.path, model=model.model_id)
+    shares = update_decomposition(ds, per_sample=True)
+    relative = relative_update(ds, per_sample=True, cache=False)  # layer l >= 1: ‖u‖/‖h_(l-1)‖
+    for name, part in (("attn_share", ATTN_PART), ("mlp_share", 1 - ATTN_PART)):
+        for modality in ("vision", "text"):
+            got = shares[name].sel(modality=modality, condition=relative.condition.values).transpose("condition", "decoder_layer", "sample").values
+            expected = relative.sel(modality=modality).transpose("condition", "layer", "sample").values
+            np.testing.assert_allclose(got, part * expected, rtol=1e-5)
