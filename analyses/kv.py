@@ -32,6 +32,21 @@ def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
 
 
+def per_head(var: xr.DataArray, kv_heads: int) -> xr.DataArray:
+    """`keys`, `values` or `keys_pre` (token, decoder_layer, kv) with the head dim restored:
+    (token, decoder_layer, kv_head, head_dim). The captures flatten each position's
+    (kv_heads, head_dim) heads first, so this is a reshape; `kv_heads` is the model group's attr
+    (`ds.attrs["kv_heads"]`). Lazy arrays stay lazy."""
+    width = var.sizes["kv"]
+    if kv_heads < 1 or width % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} does not divide the kv width {width}")
+    shape = (*var.shape[:-1], kv_heads, width // kv_heads)
+    data = var.data.reshape(shape)
+    coords = {name: c for name, c in var.coords.items() if "kv" not in c.dims}
+    return xr.DataArray(data, dims=(*var.dims[:-1], "kv_head", "head_dim"), coords=coords, name=var.name,
+                        attrs=var.attrs).assign_coords(kv_head=np.arange(kv_heads))
+
+
 def paired_cosine(ds: xr.Dataset, reference: str, names: list[str]) -> xr.Dataset:
     """Per (condition, sample, modality, layer dim of the variables): the mean over tokens of the
     cosine of each variable in `names` (`cos_<name>`) between a token and the same token (sample,

@@ -150,3 +150,51 @@ def test_plan_builds_layer_output_captures_with_their_layer_dims(load_tiny):
     np.testing.assert_array_equal(coords["hidden_pre_deepstack"]["layer"], np.arange(model.n_layers + 1))
     with pytest.raises(PlanError, match=r"capture\[0\]\.layers.*out of range"):
         compile_plan(_spec("tiny-qwen3vl", f"[{{site: mlp_out, layers: [{model.n_layers}]}}]"), model.info)
+
+
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl", "tiny-gemma3"])
+def test_per_head_keys_and_values_equal_the_cache_heads(load_tiny, name, tmp_path):
+    """`analyses.kv.per_head` restores (kv_head, head_dim) of the stored K/V and `keys_pre`: equal
+    to the KV cache's heads and to k_proj's output viewed per head, read with plain torch; the
+    store's `kv_heads` attr is the config's."""
+    import xarray as xr
+
+    import workbench
+    from analyses.kv import per_head
+    from workbench.capture import CachedKVCapture
+    from workbench.runner import run_spec
+
+    model = load_tiny(name)
+    text = model.hf.config.get_text_config()
+    kv_heads = text.num_key_value_heads
+    assert (model.info.kv_heads, model.info.head_dim) == (kv_heads, getattr(text, "head_dim", None)
+                                                          or text.hidden_size // text.num_attention_heads)
+    inputs = _inputs(model)
+    layers = tuple(range(model.n_layers))
+    plan = ModelPlan(model.info, [], CapturePlan(kv=CachedKVCapture(layers), outputs=(LayerOutputCapture("keys_pre", layers),)))
+    stored = run_condition(model, {"real": inputs}, BASELINE, plan).tokens
+    model.prepare()
+    with torch.inference_mode():
+        cache = model.hf(**inputs.encoding, use_cache=True).past_key_values
+    pre = hooked_outputs(model, "self_attn.k_proj", inputs.encoding)
+    for variable in ("keys", "values", "keys_pre"):
+        heads = per_head(xr.DataArray(stored[variable], dims=("token", "decoder_layer", "kv")), kv_heads).values
+        assert heads.shape == (inputs.n_tokens, model.n_layers, kv_heads, model.info.head_dim)
+        for layer in layers:
+            if variable == "keys_pre":
+                expected = pre[:, layer].reshape(inputs.n_tokens, kv_heads, -1)
+            else:
+                expected = getattr(cache.layers[layer], variable)[0].transpose(0, 1).numpy()  # (seq, heads, hd)
+            np.testing.assert_allclose(heads[:, layer], expected, atol=1e-5, rtol=0, err_msg=f"{variable} {layer}")
+    with pytest.raises(ValueError, match="does not divide"):
+        per_head(xr.DataArray(stored["keys"], dims=("token", "decoder_layer", "kv")), kv_heads * 1000)
+    store = tmp_path / "kv.zarr"
+    run_spec(parse_spec(f"""\
+name: heads
+models: [{name}]
+data: {{source: builtin, n: 1}}
+conditions: {{baseline: {{}}}}
+capture: [{{site: keys}}]
+store: {{path: {store}}}
+"""), progress=False, log=lambda _: None)
+    assert workbench.open_store(store, model=name).attrs["kv_heads"] == kv_heads
