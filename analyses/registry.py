@@ -36,7 +36,7 @@ ANALYSES: tuple[Analysis, ...] = (
              "Attention and MLP updates by modality and layer",
              "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
     Analysis("trajectories", "trajectories_table", ("trajectories_vs_alpha",), "Vision-token trajectories against α",
-             "scaling the projector output breaks the vision tokens' trajectories"),
+             "inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits"),
     Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
 )
 
