@@ -18,7 +18,7 @@ from workbench.runner import run_spec
 from workbench.spec import parse_spec
 
 CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
-            "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}%s]")
+            "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}, {site: logit_lens}%s]")
 
 
 def captures_for(name: str) -> str:
@@ -80,7 +80,7 @@ def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
     run(spec_for(name, batched, 4), logs)
     a, b = workbench.open_store(one, model=name), workbench.open_store(batched, model=name)
     assert set(a.data_vars) == set(b.data_vars) and a.sizes == b.sizes
-    assert {"keys_pre", "attn_out", "mlp_out"} <= set(a.data_vars)
+    assert {"keys_pre", "attn_out", "mlp_out", "lens_ids", "lens_logprobs"} <= set(a.data_vars)
     for variable in a.data_vars:
         x, y = a[variable].values, b[variable].values
         if np.issubdtype(x.dtype, np.floating):

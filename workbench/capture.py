@@ -175,9 +175,10 @@ class LogitLensCapture(Record):
     _fields = ("layers", "k")
     _defaults = {"k": LENS_TOP_K}
     rows = "tokens"
+    site = "logit_lens"
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
-        return [(read_order("logit_lens", l), l) for l in self.layers]
+        return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         hidden = batch_rows(residual_envoy(model, layer).input, row)[0]
@@ -316,7 +317,7 @@ class CapturePlan(Record):
         for output in self.outputs:
             # per-layer sites keep their own index dim (`vision_layer`: the tower's, never the LLM's)
             if getattr(output, "layers", None) is not None:
-                entry = site(getattr(output, "site", "logit_lens"))
+                entry = site(output.site)
                 for variable in entry.stores:
                     coords[variable] = {entry.index: np.asarray(output.layers)}
         return coords
