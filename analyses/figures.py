@@ -443,6 +443,82 @@ def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     return fig_file
 
 
+def _modality_panels(data: xr.Dataset, x: str, panels: tuple[tuple[str, str], ...], xlabel: str, ylabel: str,
+                     title: str, fig_file: FigureFile, out: Path) -> FigureFile:
+    """One row of panels per model (one per (variable, label) of `panels`), one line per modality
+    with its CI band, over the dim `x`."""
+    fig, axes = _grid(len(data.model), len(panels))
+    for row, model in enumerate(data.model.values):
+        values = data.sel(model=model)
+        for col, (name, label) in enumerate(panels):
+            ax = axes[row, col]
+            for modality, color in MODALITY_COLORS.items():
+                if modality in values.modality:
+                    _band(ax, values[x], values[name].sel(modality=modality), color, modality, marker="o")
+            ax.set(title=f"{model}: {label}", xlabel=xlabel, ylabel=ylabel)
+    return _finish(fig, axes, "modality", title, fig_file, out)
+
+
+def _finish(fig: Figure, axes: np.ndarray, legend: str, title: str, fig_file: FigureFile, out: Path) -> FigureFile:
+    """Legends (titled `legend`) and grids on every panel, the title, and the file written."""
+    for ax in axes.flat:
+        ax.legend(title=legend, fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
+def lens_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `logit-lens` table as curves per layer: agreement with the final prediction and the
+    lens's top-1 probability, one line per modality."""
+    from .tables import logit_lens_table
+
+    title = f"Logit lens by layer ({options.reference})"
+    fig_file, data = _from_table("lens_curves.png", title, logit_lens_table, models, options)
+    if data is None:
+        return fig_file
+    panels = (("agreement", "lens top-1 = final top-1"), ("top1_prob", "lens top-1 probability"))
+    return _modality_panels(data, "layer", panels, LAYER_LABEL, "share / probability", title, fig_file, out)
+
+
+def trajectories_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `trajectories` table as curves over layers, one line per swept value: the vision tokens'
+    norm and their cosine to the reference."""
+    from .tables import trajectories_table
+
+    title = f"Vision-token trajectories against {_sweep_name(options.sweep)} ({options.reference})"
+    fig_file, data = _from_table("trajectories_vs_alpha.png", title, trajectories_table, models, options)
+    if data is None:
+        return fig_file
+    fig, axes = _grid(len(data.model), 2)
+    for row, model in enumerate(data.model.values):
+        values = data.sel(model=model).dropna("condition", how="all")
+        colors = condition_colors([str(c) for c in values.condition.values])
+        for condition in values.condition.values:
+            curve = values.sel(condition=condition)
+            _band(axes[row, 0], curve.layer, curve["norm"], colors[str(condition)], str(condition), marker="o")
+            _band(axes[row, 1], curve.layer, curve["cos_reference"], colors[str(condition)], str(condition), marker="o")
+        axes[row, 0].set(title=f"{model}: vision ‖h_l‖₂", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
+                         yscale="log")
+        axes[row, 1].set(title=f"{model}: cos(h_l, h_l of {options.reference})", xlabel=LAYER_LABEL,
+                         ylabel="cosine (unitless)")
+    return _finish(fig, axes, "condition", title, fig_file, out)
+
+
+def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `update-decomposition` table as curves: ‖a_l‖/‖h_l‖ and ‖m_l‖/‖h_l‖ per decoder layer,
+    one panel per model and branch, one line per modality."""
+    from .tables import update_decomposition_table
+
+    title = f"Attention and MLP updates relative to the stream ({options.reference})"
+    fig_file, data = _from_table("branch_shares.png", title, update_decomposition_table, models, options)
+    if data is None:
+        return fig_file
+    panels = (("attn_share", "‖a_l‖/‖h_l‖ (attention)"), ("mlp_share", "‖m_l‖/‖h_l‖ (MLP)"))
+    return _modality_panels(data, "decoder_layer", panels, "decoder layer l", "ratio (unitless)", title, fig_file, out)
+
+
 FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]] = {
     "norms_updates": norms_updates,
     "cosine_to_first": cosine_to_first,
@@ -453,6 +529,9 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "depth": depth,
     "heads": heads,
     "norm_ladder": norm_ladder,
+    "branch_shares": branch_shares,
+    "lens_curves": lens_curves,
+    "trajectories_vs_alpha": trajectories_vs_alpha,
 }
 
 

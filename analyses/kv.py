@@ -32,14 +32,31 @@ def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
 
 
-def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
+def per_head(var: xr.DataArray, kv_heads: int) -> xr.DataArray:
+    """`keys`, `values` or `keys_pre` (token, decoder_layer, kv) with the head dim restored:
+    (token, decoder_layer, kv_head, head_dim). The captures flatten each position's
+    (kv_heads, head_dim) heads first, so this is a reshape; `kv_heads` is the model group's attr
+    (`ds.attrs["kv_heads"]`). Lazy arrays stay lazy."""
+    width = var.sizes["kv"]
+    if kv_heads < 1 or width % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} does not divide the kv width {width}")
+    shape = (*var.shape[:-1], kv_heads, width // kv_heads)
+    data = var.data.reshape(shape)
+    coords = {name: c for name, c in var.coords.items() if "kv" not in c.dims}
+    return xr.DataArray(data, dims=(*var.dims[:-1], "kv_head", "head_dim"), coords=coords, name=var.name,
+                        attrs=var.attrs).assign_coords(kv_head=np.arange(kv_heads))
+
+
+def paired_cosine(ds: xr.Dataset, reference: str, names: list[str]) -> xr.Dataset:
+    """Per (condition, sample, modality, layer dim of the variables): the mean over tokens of the
+    cosine of each variable in `names` (`cos_<name>`) between a token and the same token (sample,
+    position, token sequence: `pair_rows`) of `reference`."""
     lay = layout(ds, "token")
     if reference not in lay.condition_rows:
-        raise MissingInputs(f"K/V cosines need the reference condition {reference!r}")
-    names = [n for n in ("keys", "values") if n in ds.data_vars]
-    _, layers = layer_values(ds, ds[names[0]])
+        raise MissingInputs(f"cosines to a reference need the reference condition {reference!r}")
+    dim, layers = layer_values(ds, ds[names[0]])
     n_mod = len(MODALITIES)
-    out = {f"cos_{n[0]}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    out = {f"cos_{n}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
     for c, condition in enumerate(lay.conditions):
         rows_c, rows_r = pair_rows(lay, condition, reference)
         known = lay.modality_code[rows_c] >= 0
@@ -53,8 +70,13 @@ def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
         # one compute per condition: the reference's blocks are read again for each condition,
         # but never held in memory for all of them at once
         for name, result in zip(names, dask.compute(*lazies)):
-            out[f"cos_{name[0]}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
-    return per_group_dataset(lay, out, lay.conditions, ("decoder_layer",), {"decoder_layer": layers})
+            out[f"cos_{name}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
+    return per_group_dataset(lay, out, lay.conditions, (dim,), {dim: layers})
+
+
+def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
+    names = [n for n in ("keys", "values") if n in ds.data_vars]
+    return paired_cosine(ds, reference, names).rename({f"cos_{n}": f"cos_{n[0]}" for n in names})
 
 
 @cached("kv_cosine", version=1, variables=("keys", "values"))

@@ -33,6 +33,12 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("heads", "heads_table", ("heads",), "Attention per head: vision mass and the sink"),
     # no claim quoted: the study measured two models; the cross-family question is the guide's
     Analysis("atlas", "atlas_table", ("norm_ladder",), "Norms across the vision-language interface (norm atlas)"),
+    Analysis("update-decomposition", "update_decomposition_table", ("branch_shares",),
+             "Attention and MLP updates by modality and layer",
+             "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
+    Analysis("trajectories", "trajectories_table", ("trajectories_vs_alpha",), "Vision-token trajectories against α",
+             "inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits"),
+    Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
 )
 
 NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)

@@ -23,6 +23,8 @@ dims and token labels), but every tensor is built from closed-form parameters:
   other conditions draw fresh distributions;
 - `logprobs`: log-softmax of random logits per (sample, step); α = 1 equals the baseline (KL 0,
   rank 0); α = 0.1 moves the baseline's top token to rank exactly `TOP_RANK_AT_0_1` at step 0;
+- `attn_out` = 0.4 (h_{l+1} − h_l), `mlp_out` = 0.6 (h_{l+1} − h_l) (`ATTN_PART`); `lens_ids`,
+  `lens_logprobs`: the top `LENS_K` of a random log-softmax per (token, layer);
 - the vision tower (norm atlas): `PATCHES_PER_TOKEN` patches per vision token, each of norm
   c_i · vision_layer_norm(l) in `vision_hidden` and c_i · `TOWER_NORM` in `vision` (none without
   an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run.
@@ -171,7 +173,8 @@ def write_synthetic_store(
     alphas: tuple[float, ...] = (0.1, 1.0, 3.0),
     extra_conditions: tuple[str, ...] = ("blank", "none", "hybrid"),
     variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention",
-                                  "logprobs", "generated", "vision", "vision_hidden", "embed_table_norms"),
+                                  "logprobs", "generated", "vision", "vision_hidden", "embed_table_norms",
+                                  "attn_out", "mlp_out", "lens_ids", "lens_logprobs"),
     jitter: float = 0.0,
     seed: int = 0,
     first_sample: int = 0,
@@ -269,6 +272,7 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     layer, decoder_layer = np.arange(m.n_layers + 1), np.arange(m.n_layers)
     return {
         **_tower(m, rng, i, int(vision.sum()) if with_image else 0),
+        **_branches_and_lens(m, rng, hidden),
         "position": Variable(("token",), np.arange(n, dtype=np.int64)),
         "modality": Variable(("token",), modality.astype(str)),
         "token_id": Variable(("token",), token_id.astype(np.int64)),
@@ -281,6 +285,26 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
                                      {"decoder_layer": decoder_layer}),
         "logprobs": Variable(("run", "step", "vocab"), logprobs[None].astype(np.float32)),
         "generated": Variable(("run", "step"), logprobs.argmax(-1)[None].astype(np.int64)),
+    }
+
+
+ATTN_PART = 0.4  # the attention branch's part of each update; the MLP's is the rest
+LENS_K = 5
+
+
+def _branches_and_lens(m: SyntheticModel, rng: np.random.Generator, hidden: np.ndarray) -> dict[str, Variable]:
+    """`attn_out` = ATTN_PART · (h_{l+1} − h_l) and `mlp_out` the rest (the residual identity holds);
+    the logit lens: the top LENS_K of a random log-softmax per (token, layer)."""
+    update = hidden[:, 1:] - hidden[:, :-1]
+    decoder_layer, layer = {"decoder_layer": np.arange(m.n_layers)}, {"layer": np.arange(m.n_layers + 1)}
+    lens = _log_softmax(2.0 * rng.standard_normal((*hidden.shape[:2], m.vocab)))
+    order = np.argsort(-lens, axis=-1, kind="stable")[..., :LENS_K]
+    return {
+        "attn_out": Variable(("token", "decoder_layer", "dim"), (ATTN_PART * update).astype(np.float32), decoder_layer),
+        "mlp_out": Variable(("token", "decoder_layer", "dim"), ((1 - ATTN_PART) * update).astype(np.float32), decoder_layer),
+        "lens_ids": Variable(("token", "layer", "lens_rank"), order.astype(np.int64), layer),
+        "lens_logprobs": Variable(("token", "layer", "lens_rank"),
+                                  np.take_along_axis(lens, order, -1).astype(np.float32), layer),
     }
 
 

@@ -14,6 +14,9 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 | `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
+| `update-decomposition` | model × decoder layer | ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l‖ per modality (`branches.update_decomposition`) |
+| `logit-lens`      | model × layer        | lens top-1 = final top-1, lens top-1 probability per modality (`lens.logit_lens`) |
+| `trajectories`    | model × α × layer    | vision ‖h_l‖₂, cos(h_l, h_l^ref) (`trajectories.vision_trajectories`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -36,7 +39,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, correlation, heads, kv, logits, norms, rotation, updates
+from . import atlas, attention, branches, correlation, heads, kv, lens, logits, norms, rotation, trajectories, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -574,6 +577,96 @@ def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
                               "input embedding table as the embedding module outputs them (the whole vocabulary, no "
                               "CI: one matrix); rank 1 = the largest row norm of V rows.")
+    return table
+
+
+def _modality_rows(b: _Builder, model: str, data: xr.Dataset, dim: str, measures: tuple[str, ...]) -> None:
+    """One row per label of `dim`: each measure on vision tokens, then each on text tokens."""
+    for layer in data[dim].values:
+        row = data.sel({dim: layer})
+        cells = [estimate(row[name].sel(modality=modality), 3) if modality in row.modality else "n/a"
+                 for modality in ("vision", "text") for name in measures]
+        b.table.rows.append([model, str(int(layer)), *cells])
+        b.count(model, row[measures[0]])
+
+
+def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """The update decomposition (`branches.update_decomposition`): per decoder layer, what the
+    attention and MLP branches add relative to the stream they read, per modality."""
+    ref = options.reference
+    b = _Builder("update-decomposition", f"Attention and MLP updates relative to the residual stream (condition {ref})",
+                 ["model", "decoder layer", "vision ‖a_l‖/‖h_l‖", "vision ‖m_l‖/‖h_l‖",
+                  "text ‖a_l‖/‖h_l‖", "text ‖m_l‖/‖h_l‖"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        if not branches.branch_layers(ds):
+            raise MissingInputs("a decoder layer with attn_out, mlp_out and its residual layer stored")
+        text_set = options.definitions_for(ds)["text_set"]
+        data = branches.update_decomposition(ds, text_set=text_set, **options.boot()).sel(condition=ref)
+        _modality_rows(b, model, data, "decoder_layer", tuple(branches.BRANCHES))
+        return data
+
+    table = b.run(models, lambda ds: _missing(ds, branches.VARIABLES, (ref,)), fill)
+    if not table.skipped:
+        table.notes.insert(0, "Decoder layer l reads h_l and adds a_l (attention branch) and m_l (MLP branch) to it: "
+                              "h_(l+1) = h_l + a_l + m_l. Each share is the mean over a sample's tokens of that "
+                              "modality, then over samples. Per-token values: analyses.branches.token_shares.")
+    return table
+
+
+def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """The logit lens (`lens.logit_lens`): per layer and modality, how often the lens's top-1 token
+    is already the last layer's, and the lens's top-1 probability."""
+    ref = options.reference
+    b = _Builder("logit-lens", f"Logit lens on vision and text tokens by layer (condition {ref})",
+                 ["model", "layer", "vision top-1 = final", "vision top-1 p", "text top-1 = final", "text top-1 p"],
+                 options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        text_set = options.definitions_for(ds)["text_set"]
+        data = lens.logit_lens(ds, text_set=text_set, **options.boot()).sel(condition=ref)
+        _modality_rows(b, model, data, "layer", lens.MEASURES)
+        return data
+
+    table = b.run(models, lambda ds: _missing(ds, lens.VARIABLES, (ref,)), fill)
+    if not table.skipped:
+        table.notes.insert(0, "Lens at layer l: log_softmax(lm_head(final_norm(h_l))), computed at run time. "
+                              "'top-1 = final': the share of a sample's tokens whose lens top-1 token equals the "
+                              "top-1 at the last stored layer (the model's own prediction when that is layer L); "
+                              "'top-1 p': the lens's top-1 probability. Per-token values: analyses.lens.token_lens.")
+    return table
+
+
+def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Vision trajectories against α (`trajectories.vision_trajectories`): per swept value and
+    layer, the vision tokens' mean norm and their cosine to the reference's same token."""
+    ref, sweep = options.reference, options.sweep
+    symbol = sweep if sweep != "alpha" else "α"
+    b = _Builder("trajectories", f"Vision-token trajectories against {symbol} (cosine to {ref})",
+                 ["model", symbol, "layer", "vision ‖h_l‖₂", "cos(h_l, h_l^ref)"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("hidden",), (ref,))
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = _sweep_conditions(ds, sweep)
+        data = trajectories.vision_trajectories(ds, ref, force=options.force, **options.boot())
+        data = data.reindex(condition=[c for c, _, _ in conditions])
+        for condition, _, label in conditions:
+            for layer in data.layer.values:
+                row = data.sel(condition=condition, layer=layer)
+                b.table.rows.append([model, label, str(int(layer)), estimate(row["norm"], 2),
+                                     estimate(row["cos_reference"], 3)])
+                b.count(model, row["norm"])
+        return data
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, f"Means over a sample's vision tokens, then over samples. cos(h_l, h_l^ref): the same token "
+                              f"(sample, position) of {ref}. Every stored layer; capture all layers in the sweep.")
     return table
 
 

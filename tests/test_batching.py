@@ -18,7 +18,12 @@ from workbench.runner import run_spec
 from workbench.spec import parse_spec
 
 CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
-            "{site: embed}, {site: final_norm}]")
+            "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}, {site: logit_lens}%s]")
+
+
+def captures_for(name: str) -> str:
+    """Every sequence capture; `layer.pre_deepstack` where the family has DeepStack."""
+    return CAPTURES % (", {site: layer.pre_deepstack}" if model_info(name).arch.quirks.get("deepstack") else "")
 
 
 def conditions_for(name: str) -> str:
@@ -53,7 +58,7 @@ name: batching-{name}
 models: [{name}]
 data: {{source: builtin, n: 2}}
 conditions:{conditions_for(name)}
-capture: {CAPTURES}
+capture: {captures_for(name)}
 generate: {{max_new_tokens: 3}}
 backend: {{batch_size: {batch_size}, dtype: float32, device: cpu}}
 store: {{path: {store}}}
@@ -88,6 +93,7 @@ def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
     logs: list[str] = []
     run(spec_for(name, batched, 4), logs)
     a, b = assert_stores_match(one, batched, name)
+    assert {"keys_pre", "attn_out", "mlp_out", "lens_ids", "lens_logprobs"} <= set(a.data_vars)
     for dim in a.indexes:  # the labels: conditions, sweep values, samples, positions, modality
         assert a.indexes[dim].equals(b.indexes[dim]), (name, dim)
     for coord in a.coords:

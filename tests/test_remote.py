@@ -58,7 +58,8 @@ MODELS = ("tiny-llama", "tiny-qwen3vl")
 # attrs of a model group that say where it ran (they differ by design between backends)
 BACKEND_ATTRS = {"provenance", "dtype", "device", "device_kind", "backend", "remote_target", "revision"}
 ALL_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
-                "{site: embed}, {site: final_norm}]")
+                "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}, "
+                "{site: logit_lens}]")
 
 
 def _vector(width: int) -> str:

@@ -10,6 +10,18 @@ Stored variables (dims; what a row is):
 - `decode_attention (token, step, decoder_layer, head)`: the attention probability of decode step s's
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
+- `keys_pre (token, decoder_layer, kv)`: the key projection's output (k_proj, before k_norm and
+  RoPE: W_K·Norm(h)), heads flattened like `keys`.
+- `attn_out`, `mlp_out (token, decoder_layer, dim)`: what decoder layer l's attention and MLP
+  branches add to the residual stream (`Architecture.branch_outputs`: the module outputs
+  themselves for pre-LN families, Gemma-3's post-attention / post-feedforward norms included), so
+  that h_l + attn_out_l + mlp_out_l = h_{l+1} (Qwen3-VL: = `hidden_pre_deepstack` l+1).
+- `hidden_pre_deepstack (token, layer, dim)`: Qwen3-VL's h_l before the DeepStack add (decoder
+  layer l-1's own output; index 0 is the LLM input): ‖u₁‖/‖h₀‖ without the injected image feature.
+- `lens_ids`, `lens_logprobs (token, layer, lens_rank)`: the logit lens of residual layer l, the
+  top-k (`LENS_TOP_K`) token ids and log-probabilities of log_softmax(lm_head(final_norm(h_l))) at
+  every position, rank 0 the most likely (no final-logit softcapping: the head's output, like
+  `logprobs`).
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
 - `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
   the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:
@@ -31,7 +43,7 @@ import torch
 
 from .models.protocol import ModelLike
 from .records import Record
-from .sites import batch_rows, order, position_index, residual_envoy, site, site_tensor
+from .sites import batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -97,7 +109,7 @@ class AttentionCapture(Record):
     _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:
-        return [(order("attention", l, 2), l) for l in self.layers]
+        return [(read_order("attention", l), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
@@ -128,6 +140,59 @@ class ModuleOutputCapture(Record):
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
         return {self.site: torch.cat(merged[(self.site, None)], dim=0).numpy()}
+
+
+class LayerOutputCapture(Record):
+    """A per-layer sequence site other than the residual stream, at each listed index: a decoder
+    layer's `keys_pre`, `attn_out` or `mlp_out` (`decoder_layer` 0..L-1), or Qwen3-VL's
+    `layer.pre_deepstack` (`layer` 0..L). Stored (token, layer dim, width)."""
+
+    _fields = ("site", "layers")
+    rows = "tokens"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+        return [(read_order(self.site, l), l) for l in self.layers]
+
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        saved.setdefault((self.site, layer), []).append(to_host(tensor[0]))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
+        per_layer = [torch.cat(merged[(self.site, l)], dim=0) for l in self.layers]
+        return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
+
+
+LENS_TOP_K = 10  # tokens kept per (position, layer) by the logit lens
+
+
+class LogitLensCapture(Record):
+    """The logit lens at each listed residual layer l: the family's own final norm and LM head
+    applied to h_l (nnsight's ad-hoc module call: it serves nothing and spends no occurrence of
+    the real forward), log_softmax in float32, and its top `k` token ids and log-probabilities
+    per position (rank 0 = the most likely). At l = L it is the model's own next-token
+    distribution (the final norm's output through the head)."""
+
+    _fields = ("layers", "k")
+    _defaults = {"k": LENS_TOP_K}
+    rows = "tokens"
+    site = "logit_lens"
+
+    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+        return [(read_order(self.site, l), l) for l in self.layers]
+
+    def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        hidden = batch_rows(residual_envoy(model, layer).input, row)[0]
+        norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
+        logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
+        top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)
+        saved.setdefault(("lens_ids", layer), []).append(top.indices.detach().to("cpu", copy=True))
+        saved.setdefault(("lens_logprobs", layer), []).append(to_host(top.values))
+
+    def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        """{lens_ids, lens_logprobs: (token, layer, lens_rank)}; a prompt over two traces is joined."""
+        return {name: torch.stack([torch.cat(merged[(name, l)], dim=0) for l in self.layers], dim=1).numpy()
+                for name in ("lens_ids", "lens_logprobs")}
 
 
 class PatchCapture(Record):
@@ -251,6 +316,9 @@ class CapturePlan(Record):
             coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
             coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
         for output in self.outputs:
-            if output.site == "vision_layer":  # the tower's own layer index, never the LLM's `layer`
-                coords["vision_hidden"] = {"vision_layer": np.asarray(output.layers)}
+            # per-layer sites keep their own index dim (`vision_layer`: the tower's, never the LLM's)
+            if getattr(output, "layers", None) is not None:
+                entry = site(output.site)
+                for variable in entry.stores:
+                    coords[variable] = {entry.index: np.asarray(output.layers)}
         return coords

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, ModuleOutputCapture,
-                      PatchCapture, ResidualCapture)
+from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, LayerOutputCapture,
+                      LogitLensCapture, ModuleOutputCapture, PatchCapture, ResidualCapture)
 from .records import Record
 from .interventions import RUNTIME, build_intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
 from .spec import CAPTURE_SITES, EDITABLE_SITES, INTERVENTION_SPECS, SpecError
 
 SpecPath = tuple[Any, ...]
+# per-layer sequence sites read by `LayerOutputCapture`
+LAYER_OUTPUT_SITES = ("keys_pre", "attn_out", "mlp_out", "layer.pre_deepstack")
 
 
 def intervention_registry() -> dict[str, tuple[type, type]]:
@@ -138,6 +140,15 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             kv_layers[item.site] = check.layers(item.layers, path + ("layers",), n - 1)
         elif item.site == "logits":
             plan.logits = True
+        elif item.site in LAYER_OUTPUT_SITES:
+            if item.site == "layer.pre_deepstack" and not check.info.arch.quirks.get("deepstack"):
+                check.add(path + ("site",), f"{check.info.arch.family} has no DeepStack (its h_l has no add to read "
+                          "before); expected layer")
+                continue
+            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site))
+            plan.outputs += (LayerOutputCapture(item.site, layers),)
+        elif item.site == "logit_lens":
+            plan.outputs += (LogitLensCapture(check.layers(item.layers, path + ("layers",), n)),)
         elif item.site in ("embed", "final_norm"):
             plan.outputs += (ModuleOutputCapture(item.site),)
     if kv_layers:

@@ -13,7 +13,8 @@ Residual-stream convention, the same for every architecture: `layer` index 0 is 
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
 after l decoder layers have run (before the final norm; for Qwen3-VL after the DeepStack add, since
 it is what decoder layer l receives). With L decoder layers the indices are 0..L: index l < L is
-read at the input of decoder layer l, index L at the input of the final norm.
+read at the input of decoder layer l, index L at the input of the final norm. Qwen3-VL's
+`layer.pre_deepstack` l (l >= 1) is decoder layer l-1's own output, before the DeepStack add.
 
 Vision side: `vision_layer` v is the output of vision-tower layer v (0..V-1, its own index, never
 mixed with the LLM's `layer`); `vision` is the tower's output as the connector receives it. Both
@@ -54,7 +55,9 @@ class Site(Record):
     access: how its value is reached: `sequence` (a (batch, seq, dim) tensor over the LLM's
       positions: edits select positions), `patches` (a vision-tower tensor, one row per patch:
       edits act on every row), `modules` (the outputs of connector modules), `weights` (a
-      parameter, read once per run), `attention`, `cache`, `head` (read by their captures)"""
+      parameter, read once per run), `branch` (a module inside a decoder layer,
+      `Architecture.branch_outputs`), `source` (an operation inside self-attention's forward,
+      `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)"""
 
     _fields = ("name", "stage", "index", "vision", "stores", "editable", "access")
     _defaults = {"index": None, "vision": False, "editable": False}
@@ -77,6 +80,18 @@ SITES: dict[str, Site] = {s.name: s for s in (
     Site("projector", 3, vision=True, editable=True, access="modules"),
     Site("projector.merger", 3, vision=True, editable=True, access="modules"),
     Site("layer", 4, index="layer", stores={"hidden": ("token", "layer", "dim")}, editable=True, access="sequence"),
+    # inside decoder layer l: the key projection's output (before k_norm and RoPE: what
+    # W_K·Norm(h) is), then each branch's output before the residual add (Architecture.branch_outputs)
+    Site("keys_pre", 4, index="decoder_layer", stores={"keys_pre": ("token", "decoder_layer", "kv")}, access="source"),
+    Site("attn_out", 4, index="decoder_layer", stores={"attn_out": ("token", "decoder_layer", "dim")}, access="branch"),
+    Site("mlp_out", 4, index="decoder_layer", stores={"mlp_out": ("token", "decoder_layer", "dim")}, access="branch"),
+    # h_l before DeepStack's add (families with DeepStack only): decoder layer l-1's own output
+    Site("layer.pre_deepstack", 4, index="layer", stores={"hidden_pre_deepstack": ("token", "layer", "dim")},
+         access="sequence"),
+    # the logit lens of residual layer l: the top-k of log_softmax(lm_head(final_norm(h_l))),
+    # computed in the trace (analyses never load weights)
+    Site("logit_lens", 4, index="layer", access="head",
+         stores={"lens_ids": ("token", "layer", "lens_rank"), "lens_logprobs": ("token", "layer", "lens_rank")}),
     Site("attention", 4, index="decoder_layer", access="attention",
          stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
                  "decode_attention": ("token", "step", "decoder_layer", "head")}),
@@ -124,9 +139,23 @@ def is_projector_site(name: str) -> bool:
     return site(name).access == "modules"
 
 
+# where inside decoder layer l a per-layer site runs, after its input (phase 0 edits, 1 reads)
+DECODER_PHASE = {"keys_pre": 2, "attention": 3, "attn_out": 4, "mlp_out": 5}
+LAYER_OUTPUT_PHASE = 6  # decoder layer l's own output (`layer.pre_deepstack` l + 1)
+
+
 def order(name: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
-    """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture)."""
+    """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture; the
+    decoder-layer sites read inside a layer take `DECODER_PHASE`)."""
     return (site(name).stage, -1 if layer is None else layer, phase)
+
+
+def read_order(name: str, layer: int | None) -> tuple[int, int, int]:
+    """The key of a capture's read of `name` at `layer`: `layer.pre_deepstack` l >= 1 is decoder
+    layer l-1's output (after that layer's inside, before layer l's input)."""
+    if name == "layer.pre_deepstack" and layer:
+        return order(name, layer - 1, LAYER_OUTPUT_PHASE)
+    return order(name, layer, DECODER_PHASE.get(name, 1))
 
 
 # -- resolving a site to the live model (inside a trace) ------------------------------------------
@@ -192,6 +221,15 @@ def site_tensor(model: ModelLike, name: str, layer: int | None = None) -> Any:
         return model.module(arch.final_norm)[0].output
     if name == "layer":
         return residual_envoy(model, layer).input
+    if name == "layer.pre_deepstack":  # layer 0: the LLM input (no DeepStack add before it)
+        return residual_envoy(model, 0).input if layer == 0 else _first(model.decoder_layers()[layer - 1].output)
+    if name == "keys_pre":  # the key projection's call inside self-attention (see Architecture)
+        return getattr(model.decoder_layers()[layer].self_attn.source, model.arch.key_projection_call).output
+    if name in model.arch.branch_outputs:  # attn_out, mlp_out of decoder layer `layer`
+        envoy = model.decoder_layers()[layer]
+        for attribute in model.arch.branch_outputs[name].split("."):
+            envoy = getattr(envoy, attribute)
+        return _first(envoy.output)
     if name == "vision_layer":
         return _first(model.module(arch.vision_layers)[0][layer].output)
     if name == "vision":

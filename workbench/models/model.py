@@ -40,10 +40,12 @@ class ModelInputs(Record):
 class ModelInfo(Record):
     """What can be known of a model from its config alone (no weights): enough to validate a plan.
     model_id, path, arch (an Architecture), n_layers, hidden_size, vocab_size, n_vision_layers
-    (the vision tower's depth; 0 for a text model)."""
+    (the vision tower's depth; 0 for a text model), kv_heads and head_dim (the stored `keys`,
+    `values` and `keys_pre` flatten (kv_heads, head_dim), heads first: `analyses.kv.per_head`)."""
 
-    _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers")
-    _defaults = {"n_vision_layers": 0}
+    _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers", "kv_heads",
+               "head_dim")
+    _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,8 @@ class ModelInfo(Record):
             "n_layers": self.n_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
             "path": self.path,
         }
 
@@ -99,7 +103,16 @@ def model_info(model_id: str) -> ModelInfo:
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
         n_vision_layers=vision_depth(config, arch),
+        **kv_shape(text),
     )
+
+
+def kv_shape(text: Any) -> dict[str, int]:
+    """{kv_heads, head_dim} of a text config (head_dim defaults to hidden_size / attention heads)."""
+    heads = int(text.num_attention_heads)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
+    return {"kv_heads": int(kv_heads), "head_dim": int(head_dim)}
 
 
 def vision_depth(config: Any, arch: Architecture) -> int:

@@ -12,6 +12,11 @@ from __future__ import annotations
 from ...records import Record
 
 
+# pre-LN decoder layers (h + attn(norm(h)), then + mlp(norm(.))): each branch adds its module's
+# output to the residual stream as it is
+BRANCH_OUTPUTS = {"attn_out": "self_attn", "mlp_out": "mlp"}
+
+
 class Architecture(Record):
     """Fields:
     family: the family's name (its file under `workbench/models/architectures/`)
@@ -38,6 +43,12 @@ class Architecture(Record):
     drop_keys: processor outputs left out of the model inputs (e.g. `token_type_ids`, which most
       families' processors return for training only; Gemma-3 needs it: bidirectional image attention)
     per_token_keys: model inputs with one entry per token (truncated with the prompt, e.g. kv_swap)
+    branch_outputs: {site: module path inside a decoder layer} of the decoder-layer sites
+      `attn_out`, `mlp_out`: the module whose output is what each branch adds to the residual stream
+    key_projection_call: the `.source` name of the key projection's call in the self-attention
+      forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
+      not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
+      (the attention capture's) once a submodule inside it was requested
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -45,12 +56,13 @@ class Architecture(Record):
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "quirks", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "tiny", "client")
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
+                 "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
                  "tiny": None, "client": None}
     _factories = {"quirks": dict, "projector_parts": dict}
 

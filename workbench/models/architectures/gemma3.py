@@ -26,6 +26,9 @@ GEMMA3 = Architecture(
     # KEEP token_type_ids: without it the image block attends causally (a different model)
     drop_keys=(),
     per_token_keys=("input_ids", "attention_mask", "token_type_ids"),
+    # peri-LN: what each branch adds to the residual stream is its post-norm's output
+    # (post_attention_layernorm(self_attn(...)), post_feedforward_layernorm(mlp(...)))
+    branch_outputs={"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
     tiny="tiny-gemma3",
     client="tiny_gemma3",
 )
