@@ -32,6 +32,9 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("depth", "depth_table", ("depth",), "Norm growth and update size with depth"),
     # no claim quoted: the study measured two models; the cross-family question is the guide's
     Analysis("atlas", "atlas_table", ("norm_ladder",), "Norms across the vision-language interface (norm atlas)"),
+    Analysis("accuracy", "accuracy_table", ("accuracy_vs_alpha",), "Task accuracy under each condition",
+             "Fan et al. suggest that scaling vision tokens down at inference time degrades visual understanding "
+             "(cited there, not measured)"),
 )
 
 NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)

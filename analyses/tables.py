@@ -14,6 +14,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `kv-substitution` | model × KV-swap condition | D_KL(real‖hybrid), D_KL(blank‖hybrid), D_KL(real‖blank), D_KL(real‖self-swap) (`kv.kv_substitution`) |
 | `depth`           | model × layer        | mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens (`residual.residual_geometry`; `depth` has the per-token versions) |
 | `atlas`           | model (one per family) | norms across the interface: vision layers, tower output, connector output, text, embedding table, boundary tokens, ratio (`atlas.norm_atlas`) |
+| `accuracy`        | model × condition    | task accuracy of the greedy response, overall and per category, samples unscored (`accuracy.accuracy`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -36,7 +37,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, correlation, kv, logits, norms, rotation, updates
+from . import accuracy, atlas, attention, correlation, kv, logits, norms, rotation, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -181,6 +182,10 @@ def _sweep_conditions(ds: xr.Dataset, sweep: str, dim: str = "token") -> list[tu
                       if k != sweep and math.isfinite(v.get(condition, math.nan))]
             out.append((condition, value, f"{value:g}" + (f" ({', '.join(others)})" if others else "")))
     return sorted(out, key=lambda t: (t[1], condition_sort_key(t[0])))
+
+
+def _sweep_name(sweep: str) -> str:
+    return "α" if sweep == "alpha" else sweep
 
 
 def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
@@ -519,6 +524,52 @@ def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                               "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
                               "input embedding table as the embedding module outputs them (the whole vocabulary, no "
                               "CI: one matrix); rank 1 = the largest row norm of V rows.")
+    return table
+
+
+def _categories(models: dict[str, xr.Dataset]) -> list[str]:
+    """Every sample category of the models' runs, sorted."""
+    found: set[str] = set()
+    for ds in models.values():
+        if "run_category" in ds.variables:
+            found |= set(as_str(ds["run_category"].values).tolist())
+    return sorted(found)
+
+
+def accuracy_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Task accuracy per condition (analyses.accuracy: the response scored by each item's eval_mode),
+    overall and per category, conditions in the α order of the sweep."""
+    sweep = options.sweep
+    categories = _categories(models)
+    b = _Builder("accuracy", "Task accuracy of the greedy response (scored by each item's eval_mode)",
+                 ["model", "condition", _sweep_name(sweep), "accuracy", *[f"accuracy: {c}" for c in categories],
+                  "unscored (judge)"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        if not any(v in ds.variables for v in accuracy.RESPONSE_VARIABLES):
+            return ["run_response (a `logits` capture; `generate: {max_new_tokens: N}` for more than one token)"]
+        return [] if "run_answer" in ds.variables else ["run_answer"]
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        data = accuracy.accuracy(ds, **options.boot())
+        swept = {c: v for c, v, _ in _sweep_conditions(ds, sweep, "run")}
+        order = sorted(data.condition.values.tolist(), key=lambda c: (c != options.reference, swept.get(c, math.inf),
+                                                                      condition_sort_key(c)))
+        for condition in order:
+            overall = data["accuracy"].sel(condition=condition)
+            per_category = [estimate(data["accuracy_by_category"].sel(condition=condition, category=c), 2)
+                            if c in data.category.values else "n/a" for c in categories]
+            value = f"{swept[condition]:g}" if condition in swept else ""
+            b.table.rows.append([model, condition, value, estimate(overall, 2), *per_category, str(int(data["unscored"]))])
+            b.count(model, overall)
+        return data
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, "Accuracy: the mean over samples of 1 (the response answers the item) or 0, by the "
+                              "item's eval_mode (exact, choice, numeric; DatBench's direct resolves by the answer's "
+                              "form; judge items are not scored); the response is the greedy text cut before the "
+                              "first special token. Rules: analyses.accuracy.")
     return table
 
 
