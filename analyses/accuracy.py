@@ -1,8 +1,9 @@
 """Task accuracy: each run's greedy response scored against its sample's answer.
 
 Per run the store holds `run_response` (the generated text cut before the first special token,
-special tokens dropped; older stores: `run_generated_text`), `run_answer`, `run_eval_mode` and
-`run_category`. A run is scored 1 (correct), 0 (wrong) or left unscored (NaN: no answer, or
+special tokens dropped), `run_answer`, `run_eval_mode` and `run_category`. A store written before
+these labels existed lacks `run_response` (the table says so); one resumed across that change
+holds `""` for its older runs' response and mode: write a new store rather than score it. A run is scored 1 (correct), 0 (wrong) or left unscored (NaN: no answer, or
 `eval_mode` `judge`) by its mode (`workbench.definitions.EVAL_MODES`):
 
 - normalization (every mode): Unicode NFKC, lower case, whitespace runs collapsed to one space,
@@ -42,7 +43,6 @@ from .streaming import as_str, layout
 
 REL_TOL = 0.01
 ABS_TOL = 1e-6
-RESPONSE_VARIABLES = ("run_response", "run_generated_text")  # the first one a store holds is scored
 NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())}
@@ -112,21 +112,20 @@ def score(response: str, answer: str, eval_mode: str = "") -> float:
     return float(normalize(response) == normalize(answer))
 
 
-def response_variable(ds: xr.Dataset) -> str:
-    """The stored text the analysis scores (`RESPONSE_VARIABLES`), or MissingInputs."""
-    for name in RESPONSE_VARIABLES:
-        if name in ds.variables:
-            return name
-    raise MissingInputs("run_response (a `logits` capture with `generate: {max_new_tokens: N}`)")
+def lacking(ds: xr.Dataset) -> list[str]:
+    """What the analysis needs that a model's Dataset lacks (empty: it can run)."""
+    missing = [] if "run_response" in ds.variables else [
+        "run_response (a `logits` capture; `generate: {max_new_tokens: N}` for more than one token)"]
+    return missing + ([] if "run_answer" in ds.variables else ["run_answer"])
 
 
 def run_scores(ds: xr.Dataset) -> xr.Dataset:
     """Per (condition, sample): `score` (1, 0, NaN = not scored), and per sample its `category` and
     `judged` (whether its mode is `judge`)."""
+    if lacking(ds):
+        raise MissingInputs(", ".join(lacking(ds)))
     lay = layout(ds, "run")
-    if "run_answer" not in ds.variables:
-        raise MissingInputs("run_answer")
-    texts = as_str(ds[response_variable(ds)].values)
+    texts = as_str(ds["run_response"].values)
     answers = as_str(ds["run_answer"].values)
     modes = as_str(ds["run_eval_mode"].values) if "run_eval_mode" in ds.variables else np.full(len(answers), "")
     categories = as_str(ds["run_category"].values) if "run_category" in ds.variables else np.full(len(answers), "")

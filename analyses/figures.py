@@ -36,7 +36,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from . import accuracy, attention, kv, logits, norms, rotation, updates
 from .bootstrap import STATS
 from .cache import MissingInputs
-from .tables import Options, _missing, _sweep_conditions
+from .tables import Options, _missing, _sweep_conditions, _sweep_name
 
 MODALITY_COLORS = {"vision": "#1f77b4", "text": "#d62728", "boundary": "#7f7f7f"}
 _MODEL_PALETTE = ("#2ca02c", "#9467bd", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#8c6d31")
@@ -45,10 +45,6 @@ LAYER_LABEL = "layer l (0 = LLM input; l = after l decoder layers)"
 DECODER_LAYER_LABEL = "decoder layer"
 ALPHA_LABEL = "α, scale factor of the projector output (log scale)"
 DPI = 100
-
-
-def _sweep_name(sweep: str) -> str:
-    return "α" if sweep == "alpha" else sweep
 
 
 def model_colors(models: list[str]) -> dict[str, str]:
@@ -426,9 +422,8 @@ def accuracy_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
     fig_file = FigureFile("accuracy_vs_alpha.png", title)
 
     def need(ds: xr.Dataset) -> list[str]:
-        if not any(v in ds.variables for v in accuracy.RESPONSE_VARIABLES) or "run_answer" not in ds.variables:
-            return ["run_response and run_answer (a `logits` capture)"]
-        return [] if _sweep_conditions(ds, sweep, "run") else [f"conditions sweeping {sweep}"]
+        missing = accuracy.lacking(ds)
+        return missing or ([] if _sweep_conditions(ds, sweep, "run") else [f"conditions sweeping {sweep}"])
 
     usable, missing = _usable(models, need)
     if not usable:

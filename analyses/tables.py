@@ -228,7 +228,7 @@ class _Builder:
         self.data: list[xr.Dataset] = []
 
     def run(self, models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]],
-            fill: Callable[[str, xr.Dataset], xr.Dataset | None]) -> Table:
+            fill: Callable[[str, xr.Dataset], xr.Dataset | None], first_note: str | None = None) -> Table:
         in_force: dict[str, str] = {}
         for model, ds in models.items():
             lacking = need(ds)
@@ -251,6 +251,7 @@ class _Builder:
         if not table.rows:
             table.skipped = "; ".join(self.missing) or "no model in the store"
             return table
+        table.notes += [first_note] if first_note else []  # what the table measures, before the CI note
         table.notes.append(_ci_note(self.options, self.counts, medians=table.name == "alpha"))
         table.notes += [f"Not shown: {m}." for m in self.missing]
         if len(set(in_force.values())) == 1:
@@ -545,11 +546,6 @@ def accuracy_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                  ["model", "condition", _sweep_name(sweep), "accuracy", *[f"accuracy: {c}" for c in categories],
                   "unscored (judge)"], options)
 
-    def need(ds: xr.Dataset) -> list[str]:
-        if not any(v in ds.variables for v in accuracy.RESPONSE_VARIABLES):
-            return ["run_response (a `logits` capture; `generate: {max_new_tokens: N}` for more than one token)"]
-        return [] if "run_answer" in ds.variables else ["run_answer"]
-
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         data = accuracy.accuracy(ds, **options.boot())
         swept = {c: v for c, v, _ in _sweep_conditions(ds, sweep, "run")}
@@ -564,13 +560,10 @@ def accuracy_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             b.count(model, overall)
         return data
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, "Accuracy: the mean over samples of 1 (the response answers the item) or 0, by the "
-                              "item's eval_mode (exact, choice, numeric; DatBench's direct resolves by the answer's "
-                              "form; judge items are not scored); the response is the greedy text cut before the "
-                              "first special token. Rules: analyses.accuracy.")
-    return table
+    return b.run(models, accuracy.lacking, fill, first_note=(
+        "Accuracy: the mean over samples of 1 (the response answers the item) or 0, by the item's eval_mode (exact, "
+        "choice, numeric; DatBench's direct resolves by the answer's form; judge items are not scored); the response "
+        "is the greedy text cut before the first special token. Rules: analyses.accuracy."))
 
 
 # name -> builder, from the analyses registry (each entry names its builder in this module)

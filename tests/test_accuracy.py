@@ -196,7 +196,7 @@ def test_figure_draws_accuracy_against_alpha(spec_store, tmp_path):
 
 
 def test_a_store_without_responses_skips_the_table_saying_why(spec_store):
-    ds = workbench.open_store(spec_store, model="tiny-qwen3vl").drop_vars(["run_response", "run_generated_text"])
+    ds = workbench.open_store(spec_store, model="tiny-qwen3vl").drop_vars("run_response")
     table = accuracy_table({"tiny-qwen3vl": ds}, Options())
     assert table.skipped and "run_response (a `logits` capture" in table.skipped
 
