@@ -247,3 +247,16 @@ def test_datbench_bad_eval_mode_is_refused_naming_row_and_field(tmp_path):
     datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "chart"))
     with pytest.raises(DatBenchError, match=r"row 0 \('chart_0000'\) eval_mode: got 'fuzzy'; expected one of exact"):
         datbench_samples(15, path=tmp_path, exclude=[c for c in DATBENCH_CONFIGS if c != "chart"])
+
+
+def test_synthetic_store_accuracy_is_its_construction(tmp_path):
+    from analyses.synthetic import DEFAULT_MODELS, answer_is_right, write_synthetic_store
+
+    store = write_synthetic_store(tmp_path / "syn.zarr", models=DEFAULT_MODELS[:1], n_samples=6)
+    (table,) = build_tables(store.path, ["accuracy"], Options(n_resamples=100))
+    got = table.data["accuracy"].sel(stat="value").isel(model=0)
+    for condition in store.conditions:
+        expected = np.mean([answer_is_right(i, condition) for i in range(6)])
+        assert float(got.sel(condition=condition)) == pytest.approx(expected), condition
+    by_category = table.data["accuracy_by_category"].sel(stat="value", condition="alpha=3.0").isel(model=0)
+    assert (float(by_category.sel(category="counting")), float(by_category.sel(category="color"))) == (1.0, 0.0)

@@ -166,7 +166,8 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     out = tables.analyze(path)
     assert "### Vision/text norm ratio" in out and "### Relative first update" in out
     skipped = [line for line in out.splitlines() if "skipped" in line]
-    assert len(skipped) == 5
+    assert len(skipped) == 6
+    assert f"{FULL}: needs run_response (a `logits` capture" in out
     assert "Norm atlas" in out and f"{FULL}: needs vision, vision_hidden, embed_table_norms" in out
     assert f"correlation" in out.lower() and f"{FULL}: needs condition 'blank' or 'none'" in out
     assert f"{FULL}: needs decode_attention, logprobs" in out
