@@ -20,6 +20,8 @@ holds `""` for its older runs' response and mode: write a new store rather than 
 - `direct` (DatBench's deterministic mode) and no mode (`""`): `choice` if the answer is an
   option letter (`B`, `(B)`, `B.`), `numeric` if the normalized answer is a number, else `exact`.
 - `judge`: not scored; counted in the table's `unscored` column.
+- several accepted answers (`run_all_answers`, DatBench's `all_answers`, beside `run_answer`):
+  right if the response is right for any of them (`score_any`).
 
 Accuracy per condition (and per category) is the mean score over samples with a 95% bootstrap
 CI over samples (`bootstrap.summarize`); the categories' samples are resampled within each
@@ -28,6 +30,7 @@ category.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
@@ -112,6 +115,18 @@ def score(response: str, answer: str, eval_mode: str = "") -> float:
     return float(normalize(response) == normalize(answer))
 
 
+def score_any(response: str, answers: list[str], eval_mode: str = "") -> float:
+    """The best score of `response` over every accepted answer (NaN if none is scored)."""
+    scores = [score(response, a, eval_mode) for a in dict.fromkeys(answers)]
+    return max((s for s in scores if not math.isnan(s)), default=math.nan)
+
+
+def _accepted(answer: str, all_answers: str) -> list[str]:
+    """`run_answer` and the JSON list of `run_all_answers` ("" or absent: none), blanks dropped."""
+    extra = json.loads(all_answers) if all_answers else []
+    return [a for a in (answer, *extra) if a.strip()]
+
+
 def lacking(ds: xr.Dataset) -> list[str]:
     """What the analysis needs that a model's Dataset lacks (empty: it can run)."""
     missing = [] if "run_response" in ds.variables else [
@@ -128,6 +143,7 @@ def run_scores(ds: xr.Dataset) -> xr.Dataset:
     texts = as_str(ds["run_response"].values)
     answers = as_str(ds["run_answer"].values)
     modes = as_str(ds["run_eval_mode"].values) if "run_eval_mode" in ds.variables else np.full(len(answers), "")
+    extra = as_str(ds["run_all_answers"].values) if "run_all_answers" in ds.variables else np.full(len(answers), "")
     categories = as_str(ds["run_category"].values) if "run_category" in ds.variables else np.full(len(answers), "")
     scores = np.full((len(lay.conditions), len(lay.samples)), np.nan)
     category = np.full(len(lay.samples), "", dtype=object)
@@ -135,7 +151,7 @@ def run_scores(ds: xr.Dataset) -> xr.Dataset:
     for c, condition in enumerate(lay.conditions):
         for row in lay.condition_rows[condition]:
             s = lay.sample_code[row]
-            scores[c, s] = score(texts[row], answers[row], modes[row])
+            scores[c, s] = score_any(texts[row], _accepted(answers[row], extra[row]), modes[row])
             category[s], judged[s] = categories[row], modes[row] == "judge"
     coords = {"condition": np.array(lay.conditions, dtype=str), "sample": np.array(lay.samples, dtype=str),
               **lay.sweep_coords()}

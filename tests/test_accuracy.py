@@ -75,6 +75,14 @@ def test_judge_items_and_missing_answers_are_not_scored():
         ["choice", "choice", "numeric", "numeric", "exact", "exact"]
 
 
+def test_any_accepted_answer_counts():
+    assert accuracy.score_any("Paris.", ["the capital", "paris"], "exact") == 1.0
+    assert accuracy.score_any("Lyon", ["the capital", "paris"], "exact") == 0.0
+    assert accuracy.score_any("4", ["four", "4.0"], "numeric") == 1.0
+    assert math.isnan(accuracy.score_any("x", [], "exact"))
+    assert math.isnan(accuracy.score_any("x", ["a", "b"], "judge"))
+
+
 def test_bad_modes_and_answers_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"eval_mode: got 'fuzzy'; expected one of exact, choice"):
         accuracy.score("a", "a", "fuzzy")
@@ -225,9 +233,10 @@ store: {{path: {tmp_path / 'store.zarr'}}}
     assert main(run) == 0                                          # resumes with the rest
     ds = workbench.open_store(tmp_path / "store.zarr", model="tiny-qwen3vl")
     assert ds.sizes["run"] == 6 and {str(s).split("/")[1] for s in ds.run_sample.values} == set(keep)
-    for sample, mode, answer in zip(ds.run_sample.values, ds.run_eval_mode.values, ds.run_answer.values):
+    for sample, mode, answer, every in zip(ds.run_sample.values, ds.run_eval_mode.values, ds.run_answer.values,
+                                           ds.run_all_answers.values):
         row = source_rows[str(sample)]
-        assert (mode, answer) == (row["eval_mode"], row["answer"])
+        assert (mode, answer, json.loads(str(every))) == (row["eval_mode"], row["answer"], row["all_answers"])
     assert set(ds.run_eval_mode.values) == {"direct", "judge"}
     modes = dict(zip(ds.run_sample.values, ds.run_eval_mode.values))
     assert dict(zip(first.run_sample.values, first.run_eval_mode.values)).items() <= modes.items()

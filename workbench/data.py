@@ -43,6 +43,8 @@ class Sample:
     answer: str | None = None
     # how `answer` is scored against generated text (workbench.definitions.EVAL_MODES), or None
     eval_mode: str | None = None
+    # every accepted answer (DatBench's `all_answers`); a response matching any of them is right
+    all_answers: tuple[str, ...] = ()
 
 
 def input_hash(sample: Sample) -> str:
@@ -350,7 +352,8 @@ def datbench_samples(
     chosen order.  ``Sample.id`` is ``datbench/<config>/<row id>``, ``question`` is
     ``prompt_format.prefix + question + prompt_format.suffix``, ``category`` the config,
     ``answer`` the row's ``answer``, ``eval_mode`` its ``eval_mode`` (``direct`` or ``judge``;
-    None where the copy has no such column); the image is converted to RGB.
+    None where the copy has no such column), ``all_answers`` its ``all_answers`` (every accepted
+    answer; empty where there is none); the image is converted to RGB.
 
     Raises :class:`DatBenchError` (a ``ValueError``) when a config cannot be loaded.
     """
@@ -465,6 +468,7 @@ def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str 
                 category=config,
                 answer=None if answer is None else str(answer),
                 eval_mode=eval_mode,
+                all_answers=tuple(str(a) for a in (row.get("all_answers") or ()) if a is not None),
             )
         )
     return samples

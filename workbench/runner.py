@@ -178,7 +178,8 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[s
     run the prompt as the model saw it, the question, the generated text (with a `logits`
     capture; `run_response`: the same cut before the first special token, e.g. the end of the
     turn, with special tokens dropped: what the accuracy analysis scores) and the sample's
-    category, answer and scoring mode (`run_eval_mode`, "" where the sample has none)."""
+    category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
+    accepted answer (`run_all_answers`, a JSON list)."""
     ids = [int(i) for i in inputs.input_ids]
     tokens = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
     generated = result.run.get("generated")
@@ -189,6 +190,7 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[s
         "run_category": Variable(("run",), np.array([sample.category or ""], dtype=object)),
         "run_answer": Variable(("run",), np.array([sample.answer or ""], dtype=object)),
         "run_eval_mode": Variable(("run",), np.array([sample.eval_mode or ""], dtype=object)),
+        "run_all_answers": Variable(("run",), np.array([json.dumps(list(sample.all_answers))], dtype=object)),
     }
     if generated is not None:
         steps = [int(i) for i in np.asarray(generated).reshape(-1)]
