@@ -1,9 +1,10 @@
 """Task accuracy: each run's greedy response scored against its sample's answer.
 
 Per run the store holds `run_response` (the generated text cut before the first special token,
-special tokens dropped), `run_answer`, `run_eval_mode` and `run_category`. A store written before
-these labels existed lacks `run_response` (the table says so); one resumed across that change
-holds `""` for its older runs' response and mode: write a new store rather than score it. A run is scored 1 (correct), 0 (wrong) or left unscored (NaN: no answer, or
+special tokens dropped), `run_answer`, `run_all_answers`, `run_eval_mode` and `run_category`. A
+store written before these labels existed lacks `run_response` (the table says so); in one resumed
+across that change the older runs hold `""` for all of them (a newer run's `run_all_answers` is
+at least `[]`), and those runs are left unscored rather than scored as empty responses. A run is scored 1 (correct), 0 (wrong) or left unscored (NaN: no answer, or
 `eval_mode` `judge`) by its mode (`workbench.definitions.EVAL_MODES`):
 
 - normalization (every mode): Unicode NFKC, lower case, whitespace runs collapsed to one space,
@@ -151,7 +152,8 @@ def run_scores(ds: xr.Dataset) -> xr.Dataset:
     for c, condition in enumerate(lay.conditions):
         for row in lay.condition_rows[condition]:
             s = lay.sample_code[row]
-            scores[c, s] = score_any(texts[row], _accepted(answers[row], extra[row]), modes[row])
+            if extra[row] or "run_all_answers" not in ds.variables:  # "": written before the labels existed
+                scores[c, s] = score_any(texts[row], _accepted(answers[row], extra[row]), modes[row])
             category[s], judged[s] = categories[row], modes[row] == "judge"
     coords = {"condition": np.array(lay.conditions, dtype=str), "sample": np.array(lay.samples, dtype=str),
               **lay.sweep_coords()}

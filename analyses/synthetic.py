@@ -220,12 +220,13 @@ def answer_is_right(i: int, condition: str) -> bool:
 
 
 def _answer_labels(i: int, condition: str) -> dict[str, Variable]:
-    """run_category, run_answer, run_eval_mode and run_response of sample i under `condition`."""
+    """run_category, run_answer, run_all_answers, run_eval_mode and run_response of sample i."""
     category, answer, mode, right = (("counting", str(i % 5), "numeric", f"There are {i % 5}.") if i % 2 == 0
                                      else ("color", "red", "exact", "Red."))
     response = right if answer_is_right(i, condition) else "no idea"
     return {name: Variable(("run",), np.array([text], dtype=object)) for name, text in
-            (("run_category", category), ("run_answer", answer), ("run_eval_mode", mode), ("run_response", response))}
+            (("run_category", category), ("run_answer", answer), ("run_all_answers", "[]"), ("run_eval_mode", mode),
+             ("run_response", response))}
 
 
 def _sample_tensors(m: SyntheticModel, rng: np.random.Generator, i: int) -> dict[str, np.ndarray]:

@@ -269,3 +269,19 @@ def test_synthetic_store_accuracy_is_its_construction(tmp_path):
         assert float(got.sel(condition=condition)) == pytest.approx(expected), condition
     by_category = table.data["accuracy_by_category"].sel(stat="value", condition="alpha=3.0").isel(model=0)
     assert (float(by_category.sel(category="counting")), float(by_category.sel(category="color"))) == (1.0, 0.0)
+
+
+def test_runs_stored_before_the_labels_existed_are_left_unscored(tmp_path):
+    from analyses.synthetic import DEFAULT_MODELS, answer_is_right, write_synthetic_store
+
+    path = tmp_path / "mixed.zarr"
+    write_synthetic_store(path, models=DEFAULT_MODELS[:1], n_samples=2, variables=("logprobs",))   # no labels
+    write_synthetic_store(path, models=DEFAULT_MODELS[:1], n_samples=2, first_sample=2,
+                          variables=("logprobs", "generated"))
+    ds = workbench.open_store(path, model=DEFAULT_MODELS[0].model_id)
+    assert sorted(str(v) for v in set(ds.run_all_answers.values)) == ["", "[]"]
+    scores = accuracy.run_scores(ds)["score"]
+    assert np.isnan(scores.sel(sample=["synthetic/000", "synthetic/001"])).all()
+    result = accuracy.accuracy(ds)["accuracy"].sel(condition="alpha=3.0")
+    assert int(result.n_samples) == 2
+    assert float(result.sel(stat="value")) == np.mean([answer_is_right(i, "alpha=3.0") for i in (2, 3)])
