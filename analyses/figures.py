@@ -15,6 +15,7 @@ Colours are fixed across figures: one per modality (`MODALITY_COLORS`), one per 
 | kv_cosine_vs_alpha.png    | cos(K′, K) and cos(V′, V) at vision tokens against α (log x), per model |
 | depth.png                 | mean ‖h_l‖ and ‖h_l − h_{l−1}‖/‖h_{l−1}‖ per layer over all tokens, per model |
 | norm_ladder.png           | the norm atlas: mean norm per stage (vision layers → LLM input), vision vs text, per model |
+| accuracy_vs_alpha.png     | task accuracy against α (log x), overall and per category, per model; the reference dashed |
 
 A figure is drawn only from what the store holds: a curve over layers needs two or more layers,
 a modality is drawn only where it has tokens; a figure none of the models can fill is skipped
@@ -32,10 +33,10 @@ import xarray as xr
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from . import attention, kv, logits, norms, rotation, updates
+from . import accuracy, attention, kv, logits, norms, rotation, updates
 from .bootstrap import STATS
 from .cache import MissingInputs
-from .tables import Options, _missing, _sweep_conditions
+from .tables import Options, _missing, _sweep_conditions, _sweep_name
 
 MODALITY_COLORS = {"vision": "#1f77b4", "text": "#d62728", "boundary": "#7f7f7f"}
 _MODEL_PALETTE = ("#2ca02c", "#9467bd", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#8c6d31")
@@ -44,10 +45,6 @@ LAYER_LABEL = "layer l (0 = LLM input; l = after l decoder layers)"
 DECODER_LAYER_LABEL = "decoder layer"
 ALPHA_LABEL = "α, scale factor of the projector output (log scale)"
 DPI = 100
-
-
-def _sweep_name(sweep: str) -> str:
-    return "α" if sweep == "alpha" else sweep
 
 
 def model_colors(models: list[str]) -> dict[str, str]:
@@ -469,6 +466,52 @@ def _finish(fig: Figure, axes: np.ndarray, legend: str, title: str, fig_file: Fi
     return fig_file
 
 
+def accuracy_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `accuracy` table against the swept α: one panel overall, one per category; the reference
+    condition's accuracy as a dashed line in the model's colour."""
+    ref, sweep = options.reference, options.sweep
+    title = f"Task accuracy against the projector scale {_sweep_name(sweep)}"
+    fig_file = FigureFile("accuracy_vs_alpha.png", title)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        missing = accuracy.lacking(ds)
+        return missing or ([] if _sweep_conditions(ds, sweep, "run") else [f"conditions sweeping {sweep}"])
+
+    usable, missing = _usable(models, need)
+    if not usable:
+        fig_file.skipped = "; ".join(missing)
+        return fig_file
+    data = {model: accuracy.accuracy(ds, **options.boot()) for model, ds in usable.items()}
+    categories = sorted({str(c) for d in data.values() if "category" in d.dims for c in d.category.values})
+    panels = ["all", *categories]
+    colors = model_colors(list(models))
+    fig, axes = _grid(1, len(panels), width=4.2, height=3.6)
+    for model, ds in usable.items():
+        conditions = _sweep_conditions(ds, sweep, "run")
+        x = np.array([v for _, v, _ in conditions])
+        names = [c for c, _, _ in conditions]
+        for ax, panel in zip(axes[0], panels):
+            if panel == "all":
+                est = data[model]["accuracy"]
+            elif "category" in data[model].dims and panel in data[model].category.values:
+                est = data[model]["accuracy_by_category"].sel(category=panel)
+            else:
+                continue
+            _band(ax, x, est.sel(condition=names), colors[model], model, marker="o")
+            if ref in est.condition.values and np.isfinite(float(est.sel(condition=ref, stat="value"))):
+                ax.axhline(float(est.sel(condition=ref, stat="value")), color=colors[model], linestyle="--",
+                           linewidth=0.9)
+    for ax, panel in zip(axes[0], panels):
+        ax.set(title="all samples" if panel == "all" else panel, xscale="log", xlabel=ALPHA_LABEL,
+               ylabel="accuracy (fraction correct)", ylim=(-0.05, 1.05))
+        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+        ax.legend(title=f"model (dashed: {ref})", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig_file.path = _save(fig, out, fig_file.name)
+    return fig_file
+
+
 def lens_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `logit-lens` table as curves per layer: agreement with the final prediction and the
     lens's top-1 probability, one line per modality."""
@@ -532,6 +575,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "branch_shares": branch_shares,
     "lens_curves": lens_curves,
     "trajectories_vs_alpha": trajectories_vs_alpha,
+    "accuracy_vs_alpha": accuracy_vs_alpha,
 }
 
 

@@ -39,6 +39,9 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("trajectories", "trajectories_table", ("trajectories_vs_alpha",), "Vision-token trajectories against α",
              "inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits"),
     Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
+    Analysis("accuracy", "accuracy_table", ("accuracy_vs_alpha",), "Task accuracy under each condition",
+             "Fan et al. suggest that scaling vision tokens down at inference time degrades visual understanding "
+             "(cited there, not measured)"),
 )
 
 NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)

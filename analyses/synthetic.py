@@ -27,7 +27,12 @@ dims and token labels), but every tensor is built from closed-form parameters:
   `lens_logprobs`: the top `LENS_K` of a random log-softmax per (token, layer);
 - the vision tower (norm atlas): `PATCHES_PER_TOKEN` patches per vision token, each of norm
   c_i · vision_layer_norm(l) in `vision_hidden` and c_i · `TOWER_NORM` in `vision` (none without
-  an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run.
+  an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run;
+- with `generated`, the run labels the accuracy analysis scores (`answer_is_right`): even samples
+  are `counting` items (answer `str(i % 5)`, mode `numeric`, a right response `"There are N."`),
+  odd ones `color` items (answer `red`, mode `exact`, a right response `"Red."`); the response
+  is right under the baseline and α = 1 always, under α = 3 for even samples, under α = 0.1
+  never, under any other condition for samples with i % 3 == 0; a wrong one is `"no idea"`.
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -200,10 +205,31 @@ def write_synthetic_store(
                     tensors = {name: v for name, v in tensors.items() if name in keep or name in
                                ("position", "modality", "token_id")
                                or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
+                    if "generated" in keep:
+                        tensors.update(_answer_labels(i_sample, condition))
                     attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
     return SyntheticStore(path, tuple(models), samples, tuple(alphas), conditions)
+
+
+def answer_is_right(i: int, condition: str) -> bool:
+    """Whether sample i's synthetic response is right under `condition` (module doc)."""
+    if condition in ("baseline", "alpha=1.0"):
+        return True
+    if condition == "alpha=3.0":
+        return i % 2 == 0
+    return condition != "alpha=0.1" and i % 3 == 0
+
+
+def _answer_labels(i: int, condition: str) -> dict[str, Variable]:
+    """run_category, run_answer, run_all_answers, run_eval_mode and run_response of sample i."""
+    category, answer, mode, right = (("counting", str(i % 5), "numeric", f"There are {i % 5}.") if i % 2 == 0
+                                     else ("color", "red", "exact", "Red."))
+    response = right if answer_is_right(i, condition) else "no idea"
+    return {name: Variable(("run",), np.array([text], dtype=object)) for name, text in
+            (("run_category", category), ("run_answer", answer), ("run_all_answers", "[]"), ("run_eval_mode", mode),
+             ("run_response", response))}
 
 
 def _sample_tensors(m: SyntheticModel, rng: np.random.Generator, i: int) -> dict[str, np.ndarray]:

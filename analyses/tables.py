@@ -17,6 +17,7 @@ the same numbers from e.g. `analyses.norms.vision_text_ratio(ds)`:
 | `update-decomposition` | model × decoder layer | ‖a_l‖/‖h_l‖, ‖m_l‖/‖h_l‖ per modality (`branches.update_decomposition`) |
 | `logit-lens`      | model × layer        | lens top-1 = final top-1, lens top-1 probability per modality (`lens.logit_lens`) |
 | `trajectories`    | model × α × layer    | vision ‖h_l‖₂, cos(h_l, h_l^ref) (`trajectories.vision_trajectories`) |
+| `accuracy`        | model × condition    | task accuracy of the greedy response, overall and per category, samples unscored (`accuracy.accuracy`) |
 
 A table whose inputs (variables or conditions) a model lacks leaves that model out with one line
 saying what is missing; a table no model can fill is skipped with that line. Within a column every
@@ -39,7 +40,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import StoreError, list_models
 
-from . import atlas, attention, branches, correlation, heads, kv, lens, logits, norms, rotation, trajectories, updates
+from . import accuracy, atlas, attention, branches, correlation, heads, kv, lens, logits, norms, rotation, trajectories, updates
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
@@ -186,6 +187,10 @@ def _sweep_conditions(ds: xr.Dataset, sweep: str, dim: str = "token") -> list[tu
     return sorted(out, key=lambda t: (t[1], condition_sort_key(t[0])))
 
 
+def _sweep_name(sweep: str) -> str:
+    return "α" if sweep == "alpha" else sweep
+
+
 def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
     """`data` with a leading `model` dim on every variable and non-index coordinate."""
     data = data.expand_dims(model=[model])
@@ -226,7 +231,7 @@ class _Builder:
         self.data: list[xr.Dataset] = []
 
     def run(self, models: dict[str, xr.Dataset], need: Callable[[xr.Dataset], list[str]],
-            fill: Callable[[str, xr.Dataset], xr.Dataset | None]) -> Table:
+            fill: Callable[[str, xr.Dataset], xr.Dataset | None], first_note: str | None = None) -> Table:
         in_force: dict[str, str] = {}
         for model, ds in models.items():
             lacking = need(ds)
@@ -249,6 +254,7 @@ class _Builder:
         if not table.rows:
             table.skipped = "; ".join(self.missing) or "no model in the store"
             return table
+        table.notes += [first_note] if first_note else []  # what the table measures, before the CI note
         table.notes.append(_ci_note(self.options, self.counts, medians=table.name == "alpha"))
         table.notes += [f"Not shown: {m}." for m in self.missing]
         if len(set(in_force.values())) == 1:
@@ -668,6 +674,44 @@ def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table
         table.notes.insert(0, f"Means over a sample's vision tokens, then over samples. cos(h_l, h_l^ref): the same token "
                               f"(sample, position) of {ref}. Every stored layer; capture all layers in the sweep.")
     return table
+
+
+def _categories(models: dict[str, xr.Dataset]) -> list[str]:
+    """Every sample category of the models' runs, sorted."""
+    found: set[str] = set()
+    for ds in models.values():
+        if "run_category" in ds.variables:
+            found |= set(as_str(ds["run_category"].values).tolist())
+    return sorted(found)
+
+
+def accuracy_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Task accuracy per condition (analyses.accuracy: the response scored by each item's eval_mode),
+    overall and per category, conditions in the α order of the sweep."""
+    sweep = options.sweep
+    categories = _categories(models)
+    b = _Builder("accuracy", "Task accuracy of the greedy response (scored by each item's eval_mode)",
+                 ["model", "condition", _sweep_name(sweep), "accuracy", *[f"accuracy: {c}" for c in categories],
+                  "unscored (judge)"], options)
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        data = accuracy.accuracy(ds, **options.boot())
+        swept = {c: v for c, v, _ in _sweep_conditions(ds, sweep, "run")}
+        order = sorted(data.condition.values.tolist(), key=lambda c: (c != options.reference, swept.get(c, math.inf),
+                                                                      condition_sort_key(c)))
+        for condition in order:
+            overall = data["accuracy"].sel(condition=condition)
+            per_category = [estimate(data["accuracy_by_category"].sel(condition=condition, category=c), 2)
+                            if c in data.category.values else "n/a" for c in categories]
+            value = f"{swept[condition]:g}" if condition in swept else ""
+            b.table.rows.append([model, condition, value, estimate(overall, 2), *per_category, str(int(data["unscored"]))])
+            b.count(model, overall)
+        return data
+
+    return b.run(models, accuracy.lacking, fill, first_note=(
+        "Accuracy: the mean over samples of 1 (the response answers the item) or 0, by the item's eval_mode (exact, "
+        "choice, numeric; DatBench's direct resolves by the answer's form; judge items are not scored); the response "
+        "is the greedy text cut before the first special token. Rules: analyses.accuracy."))
 
 
 # name -> builder, from the analyses registry (each entry names its builder in this module)

@@ -166,10 +166,11 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     out = tables.analyze(path)
     assert "### Vision/text norm ratio" in out and "### Relative first update" in out
     skipped = [line for line in out.splitlines() if "skipped" in line]
-    assert len(skipped) == 8
+    assert len(skipped) == 9
     assert f"{FULL}: needs prefill_vision_mass or decode_attention (capture `attention`)" in out
     assert f"{FULL}: needs attn_out, mlp_out" in out and f"{FULL}: needs lens_ids, lens_logprobs" in out
     assert "### Vision-token trajectories" in out  # hidden at every layer and an α sweep: enough
+    assert f"{FULL}: needs run_response (a `logits` capture" in out
     assert "Norm atlas" in out and f"{FULL}: needs vision, vision_hidden, embed_table_norms" in out
     assert f"correlation" in out.lower() and f"{FULL}: needs condition 'blank' or 'none'" in out
     assert f"{FULL}: needs decode_attention, logprobs" in out

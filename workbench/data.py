@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, NoReturn
 
 from PIL import Image, ImageDraw
 
+from .definitions import check_eval_mode
 from .errors import DataError
 from .spec import DATBENCH_CONFIGS
 
@@ -40,6 +41,10 @@ class Sample:
     question: str  # the full prompt text to put after the image
     category: str  # e.g. "counting"
     answer: str | None = None
+    # how `answer` is scored against generated text (workbench.definitions.EVAL_MODES), or None
+    eval_mode: str | None = None
+    # every accepted answer (DatBench's `all_answers`); a response matching any of them is right
+    all_answers: tuple[str, ...] = ()
 
 
 def input_hash(sample: Sample) -> str:
@@ -181,6 +186,8 @@ _MAKERS: dict[str, Callable[[_Canvas], tuple[str, str]]] = {
     "shape": _shape,
     "spatial": _spatial,
 }
+# how each category's answer is scored: a count is a number, the others one word
+BUILTIN_EVAL_MODES = {"counting": "numeric", "color": "exact", "shape": "exact", "spatial": "exact"}
 
 
 def _builtin_sample(index: int, seed: int) -> Sample:
@@ -191,7 +198,8 @@ def _builtin_sample(index: int, seed: int) -> Sample:
     question, answer = _MAKERS[category](canvas)
     # the seed changes the drawing, so it is part of the id (seed 0 keeps the short form)
     prefix = "builtin" if seed == 0 else f"builtin-seed{seed}"
-    return Sample(f"{prefix}/{category}/{index:03d}", canvas.image, question, category, answer)
+    return Sample(f"{prefix}/{category}/{index:03d}", canvas.image, question, category, answer,
+                  BUILTIN_EVAL_MODES[category])
 
 
 def builtin_samples(n: int, seed: int = 0) -> list[Sample]:
@@ -229,7 +237,8 @@ def _open_rgb(path: Path, where: str) -> Image.Image:
 
 def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
     """First ``n`` records of a JSONL file: {"id", "image" (relative to the file) or null,
-    "question", "category"?, "answer"?}."""
+    "question", "category"?, "answer"?, "eval_mode"?} (eval_mode: one of
+    workbench.definitions.EVAL_MODES)."""
     path = Path(path)
     samples: list[Sample] = []
     seen: set[str] = set()
@@ -266,12 +275,17 @@ def _jsonl_record(path: Path, number: int, line: str) -> Sample:
     if image is not None and not isinstance(image, str):
         raise SampleFileError(f"{where}: image: got {image!r}; expected a path or null")
     answer = record.get("answer")
+    try:
+        eval_mode = check_eval_mode(record.get("eval_mode"), f"{where}: eval_mode")
+    except ValueError as exc:
+        raise SampleFileError(str(exc)) from None
     return Sample(
         id=record["id"],
         image=_open_rgb(path.parent / image, where) if image else None,
         question=record["question"],
         category=str(record.get("category") or "jsonl"),
         answer=None if answer is None else str(answer),
+        eval_mode=eval_mode,
     )
 
 
@@ -337,7 +351,9 @@ def datbench_samples(
     Order: configs in :data:`workbench.spec.DATBENCH_CONFIGS` order, each config's samples in
     chosen order.  ``Sample.id`` is ``datbench/<config>/<row id>``, ``question`` is
     ``prompt_format.prefix + question + prompt_format.suffix``, ``category`` the config,
-    ``answer`` the row's ``answer``; the image is converted to RGB.
+    ``answer`` the row's ``answer``, ``eval_mode`` its ``eval_mode`` (``direct`` or ``judge``;
+    None where the copy has no such column), ``all_answers`` its ``all_answers`` (every accepted
+    answer; empty where there is none); the image is converted to RGB.
 
     Raises :class:`DatBenchError` (a ``ValueError``) when a config cannot be loaded.
     """
@@ -440,6 +456,10 @@ def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str 
         fmt = row["prompt_format"] or {}
         image = row["image"]
         answer = row["answer"]
+        try:
+            eval_mode = check_eval_mode(row.get("eval_mode"), f"row {position} ({row_id!r}) eval_mode")
+        except ValueError as exc:
+            _datbench_fail(config, path, str(exc))
         samples.append(
             Sample(
                 id=sample_id,
@@ -447,6 +467,8 @@ def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str 
                 question=(fmt.get("prefix") or "") + row["question"] + (fmt.get("suffix") or ""),
                 category=config,
                 answer=None if answer is None else str(answer),
+                eval_mode=eval_mode,
+                all_answers=tuple(str(a) for a in (row.get("all_answers") or ()) if a is not None),
             )
         )
     return samples

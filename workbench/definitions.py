@@ -60,3 +60,27 @@ def describe(definitions: dict[str, Any]) -> str:
     """One line naming every definition in force, with what it means."""
     parts = [f"{name} = {definitions[name]} ({_MEANING[(name, definitions[name])]})" for name in DEFAULTS]
     return "Definitions: " + "; ".join(parts) + "."
+
+
+# -- scoring modes (task accuracy, analyses.accuracy) ------------------------------------------
+
+# How a sample's answer is scored against the generated text: a sample's `eval_mode`, stored per
+# run as `run_eval_mode`. DatBench's own column holds `direct` or `judge`.
+EVAL_MODES = ("exact", "choice", "numeric", "direct", "judge")
+EVAL_MODE_MEANING = {
+    "exact": "the normalized response equals the normalized answer",
+    "choice": "the response's option letter (B, (B), B., B) ...) equals the answer's",
+    "numeric": "the response's first number is within the relative tolerance of the answer",
+    "direct": "DatBench's deterministic mode: choice if the answer is an option letter, numeric if it is a "
+              "number, else exact",
+    "judge": "DatBench's LLM-as-judge mode: not scored (the workbench runs no judge)",
+}
+
+
+def check_eval_mode(value: Any, where: str) -> str | None:
+    """`value` as a scoring mode (None or "" = none given), or ValueError naming `where`."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or value.strip().lower() not in EVAL_MODES:
+        raise ValueError(f"{where}: got {value!r}; expected one of {', '.join(EVAL_MODES)}")
+    return value.strip().lower()

@@ -11,7 +11,8 @@ TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
-TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_generated_text")
+TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
+               "run_generated_text", "run_response")
 # every capture's variable and dims come from the site registry
 DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
 VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")

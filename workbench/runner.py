@@ -177,7 +177,10 @@ def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.nd
 def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[str, Variable]:
     """What a reader wants next to the ids: each token decoded on its own (`token_text`), and per
     run the prompt as the model saw it, the question, the generated text (with a `logits`
-    capture) and the sample's category and answer."""
+    capture; `run_response`: the same cut before the first special token, e.g. the end of the
+    turn, with special tokens dropped: what the accuracy analysis scores) and the sample's
+    category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
+    accepted answer (`run_all_answers`, a JSON list)."""
     ids = [int(i) for i in inputs.input_ids]
     tokens = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
     generated = result.run.get("generated")
@@ -187,11 +190,23 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[s
         "run_question": Variable(("run",), np.array([sample.question], dtype=object)),
         "run_category": Variable(("run",), np.array([sample.category or ""], dtype=object)),
         "run_answer": Variable(("run",), np.array([sample.answer or ""], dtype=object)),
+        "run_eval_mode": Variable(("run",), np.array([sample.eval_mode or ""], dtype=object)),
+        "run_all_answers": Variable(("run",), np.array([json.dumps(list(sample.all_answers))], dtype=object)),
     }
     if generated is not None:
-        text = tokenizer.decode([int(i) for i in np.asarray(generated).reshape(-1)], skip_special_tokens=False)
+        steps = [int(i) for i in np.asarray(generated).reshape(-1)]
+        text = tokenizer.decode(steps, skip_special_tokens=False)
         labels["run_generated_text"] = Variable(("run",), np.array([text], dtype=object))
+        labels["run_response"] = Variable(("run",), np.array([response_text(tokenizer, steps)], dtype=object))
     return labels
+
+
+def response_text(tokenizer: Any, ids: list[int]) -> str:
+    """The generated ids as an answer: cut before the first special token (the end of the turn;
+    greedy decoding runs its fixed number of steps past it), decoded, stripped."""
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    end = next((i for i, token in enumerate(ids) if token in special), len(ids))
+    return tokenizer.decode(ids[:end], skip_special_tokens=True).strip()
 
 
 def run_spec(
