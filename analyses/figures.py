@@ -394,6 +394,31 @@ def heads(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureF
     return fig_file
 
 
+def kv_heads_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `kv-heads` table as curves: each KV head's cos(K′,K) and cos(V′,V) at vision tokens
+    against the swept value, one line per head, one row of panels per model."""
+    from .tables import kv_heads_table
+
+    title = f"Vision-token keys and values per KV head against {_sweep_name(options.sweep)} ({options.reference})"
+    fig_file, data = _from_table("kv_heads_vs_alpha.png", title, kv_heads_table, models, options)
+    if data is None:
+        return fig_file
+    fig, axes = _grid(len(data.model), 2)
+    for row, model in enumerate(data.model.values):
+        values = data.sel(model=model).dropna("condition", how="all")
+        x = values[options.sweep].values if options.sweep in values.coords else np.arange(values.sizes["condition"])
+        order = np.argsort(x)
+        for col, (name, label) in enumerate((("cos_k_by_head", "cos(K′,K)"), ("cos_v_by_head", "cos(V′,V)"))):
+            ax = axes[row, col]
+            heads_ = values[name].dropna("kv_head", how="all")
+            colors = model_colors([f"head {int(h)}" for h in heads_.kv_head.values])
+            for h in heads_.kv_head.values:
+                _band(ax, x[order], heads_.sel(kv_head=h).isel(condition=order), colors[f"head {int(h)}"],
+                      f"head {int(h)}", marker="o")
+            ax.set(title=f"{model}: {label} per KV head", xscale="log", xlabel=ALPHA_LABEL, ylabel="cosine (unitless)")
+    return _finish(fig, axes, "KV head", title, fig_file, out)
+
+
 def ladder_stages(n_vision_layers: int) -> list[str]:
     """The x axis of a norm ladder: the tower's layers, its output, the embedding table, the LLM input."""
     return [f"vision L{l}" for l in range(n_vision_layers)] + ["tower output", "embedding table", "LLM input"]
@@ -569,6 +594,7 @@ FIGURES: dict[str, Callable[[dict[str, xr.Dataset], Options, Path], FigureFile]]
     "attention_mass": attention_mass,
     "kl_vs_alpha": kl_vs_alpha,
     "kv_cosine_vs_alpha": kv_cosine_vs_alpha,
+    "kv_heads_vs_alpha": kv_heads_vs_alpha,
     "depth": depth,
     "heads": heads,
     "norm_ladder": norm_ladder,

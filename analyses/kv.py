@@ -9,6 +9,8 @@
   real image, the blank image, and the real image decoding from a KV cache whose vision positions
   hold the blank image's keys/values: D_KL(z_real ‖ z_hybrid) and D_KL(z_blank ‖ z_hybrid) per
   sample (as in `logits.kl_from_logprobs`), mean over samples with a 95% bootstrap CI.
+- head-resolved: the same cosines per KV head (each head's head_dim-wide slice of the vector;
+  `kv_cosine_heads_per_sample`), so one head that breaks is not averaged away.
 """
 
 from __future__ import annotations
@@ -98,6 +100,40 @@ def kv_cosine(ds: xr.Dataset, reference: str = "baseline", modality: str = "visi
         values = layer_mean(values, average_layers)
     values.attrs = {"reference": reference, "modality": modality}
     return values if per_sample else summarize(values, n_resamples=n_resamples, seed=seed)
+
+
+@cached("kv_cosine_heads", version=1, variables=("keys", "values"))
+def kv_cosine_heads_per_sample(ds: xr.Dataset, reference: str = "baseline") -> xr.Dataset:
+    """Per (condition, sample, modality, decoder_layer, kv_head): mean over tokens of the cosine of
+    one KV head's key (`cos_k`) and value (`cos_v`) vector (head_dim wide) against the same token
+    of `reference`. Needs the model's `kv_heads` attr (stored by every run)."""
+    if "kv_heads" not in ds.attrs:
+        raise MissingInputs("head-resolved K/V needs the model's kv_heads attr (stores written since it is recorded)")
+    heads = int(ds.attrs["kv_heads"])
+    lay = layout(ds, "token")
+    if reference not in lay.condition_rows:
+        raise MissingInputs(f"cosines to a reference need the reference condition {reference!r}")
+    dim, layers = layer_values(ds, ds["keys"])
+    n_mod, width = len(MODALITIES), len(layers) * heads
+
+    def cosine(g: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        split = (len(g), len(layers), heads, -1)
+        return row_cosine(x.reshape(split), y.reshape(split)).reshape(len(g), width)
+
+    shape = (len(lay.samples), n_mod, len(layers), heads)
+    out = {f"cos_{n[0]}": np.full((len(lay.conditions), *shape), np.nan) for n in ("keys", "values")}
+    for c, condition in enumerate(lay.conditions):
+        rows_c, rows_r = pair_rows(lay, condition, reference)
+        known = lay.modality_code[rows_c] >= 0
+        rows_c, rows_r = rows_c[known], rows_r[known]
+        if not len(rows_c):
+            continue
+        codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
+        lazies = [group_sums(cosine, [take_rows(ds[n].data, rows_c), take_rows(ds[n].data, rows_r)], codes,
+                             len(lay.samples) * n_mod, width) for n in ("keys", "values")]
+        for n, result in zip(("keys", "values"), dask.compute(*lazies)):
+            out[f"cos_{n[0]}"][c] = means(result).reshape(shape)
+    return per_group_dataset(lay, out, lay.conditions, (dim, "kv_head"), {dim: layers, "kv_head": np.arange(heads)})
 
 
 def kv_substitution(ds: xr.Dataset, real: str = "baseline", blank: str = "blank", hybrid: str = "hybrid",

@@ -28,6 +28,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("correlation", "correlation_table", ("text_curves",), "Text-token trajectories with a real, blank or no image"),
     Analysis("alpha", "alpha_table", ("kl_vs_alpha", "attention_mass"), "Scaling the projector output (α sweep)"),
     Analysis("kv-cosine", "kv_cosine_table", ("kv_cosine_vs_alpha",), "Vision-token keys and values under α"),
+    Analysis("kv-heads", "kv_heads_table", ("kv_heads_vs_alpha",), "Vision-token keys and values per KV head under α"),
     Analysis("kv-substitution", "kv_substitution_table", (), "KV-cache substitution"),
     Analysis("depth", "depth_table", ("depth",), "Norm growth and update size with depth"),
     Analysis("heads", "heads_table", ("heads",), "Attention per head: vision mass and the sink"),

@@ -190,7 +190,8 @@ def write_synthetic_store(
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
     with StoreWriter(path) as writer:
         for k, m in enumerate(models):
-            writer.ensure_model(m.model_id, {"family": "synthetic", "n_layers": m.n_layers, "hidden_size": m.dim})
+            writer.ensure_model(m.model_id, {"family": "synthetic", "n_layers": m.n_layers, "hidden_size": m.dim,
+                                             "kv_heads": 2})  # keys/values: kv = 2 heads x kv/2
             for i_sample, sample in zip(range(first_sample, first_sample + n_samples), samples):
                 rng = np.random.default_rng([seed, k, i_sample])
                 base = _sample_tensors(m, rng, i_sample)

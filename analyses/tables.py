@@ -44,7 +44,7 @@ from . import accuracy, atlas, attention, branches, correlation, heads, kv, lens
 from .bootstrap import N_RESAMPLES, SEED
 from .cache import MissingInputs, forcing, open_model
 from .registry import ANALYSES, NAMES
-from .streaming import as_str, condition_sort_key, layout
+from .streaming import as_str, condition_sort_key, layer_mean, layout
 
 TABLES = NAMES  # in the registry's (the study's) order
 
@@ -412,6 +412,51 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         return data
 
     return b.run(models, need, fill)
+
+
+def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    """Head-resolved cos(K′,K) and cos(V′,V) at vision tokens per swept condition: the mean over
+    KV heads and the lowest head (each head's cosine averaged over the layers the definitions
+    name, per sample, then over samples)."""
+    from .bootstrap import summarize
+
+    ref, sweep = options.reference, options.sweep
+    b = _Builder("kv-heads", f"Vision-token keys and values per KV head against {ref} (mean over layers)",
+                 ["model", sweep if sweep != "alpha" else "α", "cos(K′,K), head mean", "lowest K head",
+                  "cos(V′,V), head mean", "lowest V head"], options)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = _missing(ds, ("keys", "values"), (ref,))
+        if not lacking and "kv_heads" not in ds.attrs:
+            lacking = ["the model's kv_heads attr"]
+        if not lacking and not _sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = [c for c, _, _ in _sweep_conditions(ds, sweep)]
+        average_layers = options.definitions_for(ds)["average_layers"]
+        values = kv.kv_cosine_heads_per_sample(ds, ref, force=options.force).sel(modality="vision", drop=True)
+        values = layer_mean(values, average_layers).sel(condition=conditions)
+        by_head = summarize(values, **options.boot())
+        head_mean = summarize(values.mean("kv_head"), **options.boot())
+        for condition, _, label in _sweep_conditions(ds, sweep):
+            cells = []
+            for name in ("cos_k", "cos_v"):
+                lowest = by_head[name].sel(condition=condition, stat="value")
+                h = int(lowest.fillna(np.inf).argmin("kv_head"))
+                cells += [estimate(head_mean[name].sel(condition=condition), 3),
+                          f"head {h}: {estimate(by_head[name].sel(condition=condition, kv_head=h), 3)}"]
+            b.table.rows.append([model, label, *cells])
+            b.count(model, head_mean["cos_k"].sel(condition=condition))
+        return xr.Dataset({"cos_k_by_head": by_head["cos_k"], "cos_v_by_head": by_head["cos_v"]})
+
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes.insert(0, "Per KV head h: the cosine of the head's head_dim-wide key (value) vector with the same "
+                              "token of the reference, over a sample's vision tokens; the lowest head is the one with "
+                              "the smallest mean over samples. analyses.kv.kv_cosine_heads_per_sample has every layer.")
+    return table
 
 
 def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:

@@ -166,7 +166,8 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     out = tables.analyze(path)
     assert "### Vision/text norm ratio" in out and "### Relative first update" in out
     skipped = [line for line in out.splitlines() if "skipped" in line]
-    assert len(skipped) == 9
+    assert len(skipped) == 10
+    assert f"{FULL}: needs keys, values" in out  # kv-heads as kv-cosine
     assert f"{FULL}: needs prefill_vision_mass or decode_attention (capture `attention`)" in out
     assert f"{FULL}: needs attn_out, mlp_out" in out and f"{FULL}: needs lens_ids, lens_logprobs" in out
     assert "### Vision-token trajectories" in out  # hidden at every layer and an α sweep: enough
