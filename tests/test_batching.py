@@ -72,6 +72,17 @@ def run(text: str, logs: list[str] | None = None) -> None:
 FAMILIES = [a.tiny for a in tiny_architectures()]
 
 
+def assert_ranks_equal_up_to_ties(ids: np.ndarray, expected: np.ndarray, logprobs: np.ndarray, name: str) -> None:
+    """Top-k ids (token, layer, rank) equal, except where two ranks hold log-probabilities equal
+    within float32 noise (a batched forward may order such a tie the other way), or the last rank
+    (its tie may sit just outside the top k)."""
+    k = ids.shape[-1]
+    for t, l, r in np.argwhere(ids != expected):
+        other = np.flatnonzero(ids[t, l] == expected[t, l, r])
+        tie = other.size and abs(logprobs[t, l, r] - logprobs[t, l, other[0]]) < 1e-5
+        assert tie or r == k - 1, f"{name}: lens_ids differ at {(t, l, r)} without a tie"
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
     one, batched = tmp_path / "one.zarr", tmp_path / "batched.zarr"
@@ -83,7 +94,9 @@ def test_a_batched_store_equals_the_unbatched_one(name, tmp_path):
     assert {"keys_pre", "attn_out", "mlp_out", "lens_ids", "lens_logprobs"} <= set(a.data_vars)
     for variable in a.data_vars:
         x, y = a[variable].values, b[variable].values
-        if np.issubdtype(x.dtype, np.floating):
+        if variable == "lens_ids":
+            assert_ranks_equal_up_to_ties(y, x, a["lens_logprobs"].values, name)
+        elif np.issubdtype(x.dtype, np.floating):
             np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {variable}")
         else:
             np.testing.assert_array_equal(y, x, err_msg=f"{name}: {variable}")
