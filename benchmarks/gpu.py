@@ -276,7 +276,8 @@ conditions:
   alpha: {{sweep: {{a: [0.1, 1.0, 3.0]}}, interventions: [{{kind: scale, site: projector, positions: vision, factor: $a}}]}}
   blank: {{image: blank}}
   none: {{image: none}}
-capture: [{{site: layer}}, {{site: attention}}, {{site: keys}}, {{site: values}}, {{site: logits}}]
+capture: [{{site: layer}}, {{site: attention}}, {{site: keys}}, {{site: values}}, {{site: keys_pre}},
+          {{site: attn_out}}, {{site: mlp_out}}, {{site: logit_lens}}, {{site: logits}}]
 generate: {{max_new_tokens: 3}}
 backend: {{device: {device}, dtype: {dtype}, batch_size: {batch}{extra}}}
 store: {{path: {store}}}
