@@ -4,13 +4,18 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean-stores
+.PHONY: demo test test-slow install clean-stores
 
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# the slow drills (kill at every store write, every README command, the benchmark smoke tests,
+# batching on every family): CI runs them after `make test`
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 install: $(STAMP)
 

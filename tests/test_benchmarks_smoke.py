@@ -16,6 +16,8 @@ if str(REPO) not in sys.path:
 pytest.importorskip("torch")
 pytest.importorskip("nnsight")
 
+pytestmark = pytest.mark.slow  # the benchmark smoke tests run in CI through make test-slow
+
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and x == x  # not NaN

@@ -25,6 +25,7 @@ KNOWN_LANGUAGES = {"bash", "python", "yaml", "text"}  # text: not code (the layo
 # line -> (expected outcome, why). Every other line must exit 0.
 EXPECTED = {
     "make test": ("skip", "runs this test suite itself"),
+    "make test-slow": ("skip", "runs this test suite itself"),
     "workbench run specs/depth_norms.yaml": ("error", "meta-llama/Llama-3.1-8B needs the hub and NDIF"),
     "workbench run specs/norm_gap.yaml --remote": ("error", "the study's models need the hub"),
     "workbench ndif status": ("unreachable", "NDIF's host cannot be reached from here"),
@@ -76,6 +77,7 @@ def test_every_block_has_a_known_language():
     assert set(EXPECTED) <= lines, f"stale EXPECTED entries: {set(EXPECTED) - lines}"
 
 
+@pytest.mark.slow  # ~2 min: every README command, make demo included (CI runs it: make test-slow)
 def test_readme_code_blocks_run_verbatim(sandbox):
     from workbench.spec import parse_spec
 

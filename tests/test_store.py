@@ -71,6 +71,7 @@ def drill_store(tmp_path_factory) -> Path:
 # -- atomic commits --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~2 min: 130+ kill points (CI runs it: make test-slow)
 def test_kill_after_every_write_leaves_the_last_commit_and_resumes_identical(tmp_path, drill_store):
     """kill -9 after write 1, 2, ..., N of a small run (every write the store makes: group and
     array metadata, chunks, resizes), each from a fresh store. A reader of each killed store sees
