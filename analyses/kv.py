@@ -49,16 +49,24 @@ def per_head(var: xr.DataArray, kv_heads: int) -> xr.DataArray:
                         attrs=var.attrs).assign_coords(kv_head=np.arange(kv_heads))
 
 
-def paired_cosine(ds: xr.Dataset, reference: str, names: list[str]) -> xr.Dataset:
+def paired_cosine(ds: xr.Dataset, reference: str, names: list[str], heads: int | None = None) -> xr.Dataset:
     """Per (condition, sample, modality, layer dim of the variables): the mean over tokens of the
     cosine of each variable in `names` (`cos_<name>`) between a token and the same token (sample,
-    position, token sequence: `pair_rows`) of `reference`."""
+    position, token sequence: `pair_rows`) of `reference`. `heads`: the last axis is that many
+    equal slices (KV heads), each its own cosine, along a `kv_head` dim."""
     lay = layout(ds, "token")
     if reference not in lay.condition_rows:
         raise MissingInputs(f"cosines to a reference need the reference condition {reference!r}")
     dim, layers = layer_values(ds, ds[names[0]])
-    n_mod = len(MODALITIES)
-    out = {f"cos_{n}": np.full((len(lay.conditions), len(lay.samples), n_mod, len(layers)), np.nan) for n in names}
+    n_mod, n_heads = len(MODALITIES), heads or 1
+    width = len(layers) * n_heads
+
+    def cosine(g: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        split = (len(g), len(layers), n_heads, -1)
+        return row_cosine(x.reshape(split), y.reshape(split)).reshape(len(g), width)
+
+    shape = (len(lay.samples), n_mod, len(layers), *((n_heads,) if heads else ()))
+    out = {f"cos_{n}": np.full((len(lay.conditions), *shape), np.nan) for n in names}
     for c, condition in enumerate(lay.conditions):
         rows_c, rows_r = pair_rows(lay, condition, reference)
         known = lay.modality_code[rows_c] >= 0
@@ -66,14 +74,14 @@ def paired_cosine(ds: xr.Dataset, reference: str, names: list[str]) -> xr.Datase
         if not len(rows_c):
             continue
         codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
-        lazies = [group_sums(lambda g, x, y: row_cosine(x, y), [take_rows(ds[name].data, rows_c),
-                             take_rows(ds[name].data, rows_r)], codes, len(lay.samples) * n_mod, len(layers))
-                  for name in names]
+        lazies = [group_sums(cosine, [take_rows(ds[name].data, rows_c), take_rows(ds[name].data, rows_r)], codes,
+                             len(lay.samples) * n_mod, width) for name in names]
         # one compute per condition: the reference's blocks are read again for each condition,
         # but never held in memory for all of them at once
         for name, result in zip(names, dask.compute(*lazies)):
-            out[f"cos_{name}"][c] = means(result).reshape(len(lay.samples), n_mod, len(layers))
-    return per_group_dataset(lay, out, lay.conditions, (dim,), {dim: layers})
+            out[f"cos_{name}"][c] = means(result).reshape(shape)
+    extra = {dim: layers, **({"kv_head": np.arange(n_heads)} if heads else {})}
+    return per_group_dataset(lay, out, lay.conditions, tuple(extra), extra)
 
 
 def _kv_cosine(ds: xr.Dataset, reference: str) -> xr.Dataset:
@@ -109,31 +117,8 @@ def kv_cosine_heads_per_sample(ds: xr.Dataset, reference: str = "baseline") -> x
     of `reference`. Needs the model's `kv_heads` attr (stored by every run)."""
     if "kv_heads" not in ds.attrs:
         raise MissingInputs("head-resolved K/V needs the model's kv_heads attr (stores written since it is recorded)")
-    heads = int(ds.attrs["kv_heads"])
-    lay = layout(ds, "token")
-    if reference not in lay.condition_rows:
-        raise MissingInputs(f"cosines to a reference need the reference condition {reference!r}")
-    dim, layers = layer_values(ds, ds["keys"])
-    n_mod, width = len(MODALITIES), len(layers) * heads
-
-    def cosine(g: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        split = (len(g), len(layers), heads, -1)
-        return row_cosine(x.reshape(split), y.reshape(split)).reshape(len(g), width)
-
-    shape = (len(lay.samples), n_mod, len(layers), heads)
-    out = {f"cos_{n[0]}": np.full((len(lay.conditions), *shape), np.nan) for n in ("keys", "values")}
-    for c, condition in enumerate(lay.conditions):
-        rows_c, rows_r = pair_rows(lay, condition, reference)
-        known = lay.modality_code[rows_c] >= 0
-        rows_c, rows_r = rows_c[known], rows_r[known]
-        if not len(rows_c):
-            continue
-        codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
-        lazies = [group_sums(cosine, [take_rows(ds[n].data, rows_c), take_rows(ds[n].data, rows_r)], codes,
-                             len(lay.samples) * n_mod, width) for n in ("keys", "values")]
-        for n, result in zip(("keys", "values"), dask.compute(*lazies)):
-            out[f"cos_{n[0]}"][c] = means(result).reshape(shape)
-    return per_group_dataset(lay, out, lay.conditions, (dim, "kv_head"), {dim: layers, "kv_head": np.arange(heads)})
+    values = paired_cosine(ds, reference, ["keys", "values"], heads=int(ds.attrs["kv_heads"]))
+    return values.rename({"cos_keys": "cos_k", "cos_values": "cos_v"})
 
 
 def kv_substitution(ds: xr.Dataset, real: str = "baseline", blank: str = "blank", hybrid: str = "hybrid",
