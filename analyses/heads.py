@@ -9,7 +9,8 @@ Definitions (`decoder_layer` l, head h; A_{l,h}(t, k) the attention probability 
   position (the attention sink of the StreamingLLM / massive-activation literature); per
   (condition, sample, step, layer, head), from `decode_attention`.
 
-Summaries over samples carry a 95% bootstrap CI (`stat` dim). Torch-free: reads the store only.
+Per-sample values; the `heads` table (`analyses.tables`) takes the mean over samples with a 95%
+bootstrap CI. Torch-free: reads the store only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import xarray as xr
 
 from workbench.store import MODALITIES
 
-from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import cached
 from .streaming import as_dask, group_sums, layer_values, layout, means, per_group_dataset, take_rows, token_rows
 
@@ -71,15 +71,3 @@ def attention_sink(ds: xr.Dataset) -> xr.Dataset:
     return per_group_dataset(lay, {"sink": sink}, lay.conditions, ("step", "decoder_layer", "head"),
                              {"step": np.arange(steps), "decoder_layer": layers, "head": np.arange(heads)},
                              by_modality=False)
-
-
-def head_summary(ds: xr.Dataset, condition: str = "baseline", query: str = "text", step: int = 0,
-                 n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
-    """Per (decoder_layer, head), the mean over samples with CIs of the vision mass of `query`
-    tokens (`vision_mass`) and of the step's sink mass (`sink`), where the store holds them."""
-    out = {}
-    if "prefill_vision_mass" in ds.data_vars:
-        out["vision_mass"] = head_vision_mass(ds)["mass"].sel(condition=condition, modality=query)
-    if "decode_attention" in ds.data_vars:
-        out["sink"] = attention_sink(ds)["sink"].sel(condition=condition, step=step)
-    return summarize(xr.Dataset(out), n_resamples=n_resamples, seed=seed)

@@ -414,6 +414,16 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     return b.run(models, need, fill)
 
 
+def _extreme_head(summary: xr.DataArray, dim: str, largest: bool = True) -> str:
+    """`head h: value [CI]` of the head along `dim` with the largest (or smallest) mean over
+    samples; n/a where no head has a value."""
+    values = summary.sel(stat="value")
+    if not np.isfinite(values).any():
+        return "n/a"
+    h = int(values.fillna(-np.inf).argmax(dim) if largest else values.fillna(np.inf).argmin(dim))
+    return f"head {h}: {estimate(summary.sel({dim: h}), 3)}"
+
+
 def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     """Head-resolved cos(K′,K) and cos(V′,V) at vision tokens per swept condition: the mean over
     KV heads and the lowest head (each head's cosine averaged over the layers the definitions
@@ -443,10 +453,8 @@ def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         for condition, _, label in _sweep_conditions(ds, sweep):
             cells = []
             for name in ("cos_k", "cos_v"):
-                lowest = by_head[name].sel(condition=condition, stat="value")
-                h = int(lowest.fillna(np.inf).argmin("kv_head"))
                 cells += [estimate(head_mean[name].sel(condition=condition), 3),
-                          f"head {h}: {estimate(by_head[name].sel(condition=condition, kv_head=h), 3)}"]
+                          _extreme_head(by_head[name].sel(condition=condition), "kv_head", largest=False)]
             b.table.rows.append([model, label, *cells])
             b.count(model, head_mean["cos_k"].sel(condition=condition))
         return xr.Dataset({"cos_k_by_head": by_head["cos_k"], "cos_v_by_head": by_head["cos_v"]})
@@ -551,15 +559,6 @@ def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             lacking.append("prefill_vision_mass or decode_attention (capture `attention`)")
         return lacking
 
-    def top(summary: xr.DataArray | None, layer: int) -> str:
-        if summary is None:
-            return "n/a"
-        values = summary.sel(decoder_layer=layer, stat="value")
-        if not np.isfinite(values).any():
-            return "n/a"
-        h = int(values.fillna(-np.inf).argmax("head"))
-        return f"head {h}: {str(estimate(summary.sel(decoder_layer=layer, head=h), 3))}"
-
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
         per_head = {}
         if "prefill_vision_mass" in ds.data_vars:
@@ -576,7 +575,7 @@ def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             for name in ("vision_mass", "sink"):
                 mean = head_mean.get(name)
                 cells += [estimate(mean.sel(decoder_layer=layer), 3) if mean is not None else "n/a",
-                          top(by_head.get(name), layer)]
+                          _extreme_head(by_head[name].sel(decoder_layer=layer), "head") if name in by_head else "n/a"]
             b.table.rows.append([model, str(int(layer)), *cells])
             b.count(model, *(m.sel(decoder_layer=layer) for m in head_mean.values()))
         return xr.Dataset({f"{k}_by_head": v for k, v in by_head.items()} | {f"{k}_head_mean": v for k, v in head_mean.items()})

@@ -26,8 +26,19 @@ def captured_bytes(variables: dict[str, Variable]) -> int:
     return sum(getattr(v.data, "nbytes", 0) for v in variables.values())
 
 
-class BackgroundWriter:
-    """`put` results; a thread writes them with `StoreWriter.write_sample`. A context manager."""
+class _Writer:
+    """What the runner calls: `put` one result, or `put_group` results committed together."""
+
+    def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
+            condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
+        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+
+    def put_group(self, results: list[tuple]) -> None:
+        raise NotImplementedError
+
+
+class BackgroundWriter(_Writer):
+    """`put` results; a thread writes them with `StoreWriter.write_samples`. A context manager."""
 
     def __init__(self, store: StoreWriter, max_bytes: int = 1 << 30,
                  on_written: Callable[[str, str, str], None] | None = None):
@@ -43,10 +54,6 @@ class BackgroundWriter:
         self._thread.start()
 
     # -- the caller's side ---------------------------------------------------------------------
-    def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
-            condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
-        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
-
     def put_group(self, results: list[tuple]) -> None:
         """Queue results to be committed together (`StoreWriter.write_samples`)."""
         size = sum(captured_bytes(r[3]) for r in results)
@@ -107,16 +114,12 @@ class BackgroundWriter:
             self._thread.join()
 
 
-class SyncWriter:
+class SyncWriter(_Writer):
     """The same interface, writing each result before `put` returns (`backend.write_queue_mb: 0`)."""
 
     def __init__(self, store: StoreWriter, on_written: Callable[[str, str, str], None] | None = None):
         self.store = store
         self.on_written = on_written or (lambda model, condition, sample: None)
-
-    def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
-            condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
-        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
 
     def put_group(self, results: list[tuple]) -> None:
         self.store.write_samples(results)
