@@ -166,7 +166,7 @@ conditions:
   blank: {{image: blank}}
   none: {{image: none}}
 capture: [{{site: layer, layers: [0]}}]
-backend: {{batch_size: 8}}
+backend: {{batch_size: 8, commit_interval_s: 0}}  # a commit per forward, not gathered
 store: {{path: {store}}}
 """
     run(text)
