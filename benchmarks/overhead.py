@@ -128,7 +128,7 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
     return out
 
 
-def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 32, repeats: int = 4,
+def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 128, repeats: int = 3,
          workdir: Path | None = None) -> dict[str, Any]:
     """The tiny models (a fast forward: the proxy for a GPU), and for contrast one commit per
     forward (`commit_interval_s: 0`, what every result cost before commits were gathered)."""
@@ -138,7 +138,7 @@ def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 32
     for name in models:
         model = load_model(name, device="cpu", dtype="float32", attn="sdpa")
         out[name] = measure(model, n, repeats, workdir=workdir)
-        out[f"{name} | commit per forward"] = measure(model, max(4, n // 4), max(2, repeats // 2), workdir=workdir,
+        out[f"{name} | commit per forward"] = measure(model, max(4, n // 16), 2, workdir=workdir,
                                                       commit_interval_s=0)
         del model
     return out

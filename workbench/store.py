@@ -738,13 +738,13 @@ def _staged_rows(where: str, state: _ConditionState, sample_id: str, variables: 
         raise StoreError(f"sample {sample_id!r} is already stored for {where}")
     n_tokens = _token_count(variables)
     rows = dict(variables)
-    rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
+    rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id))
     rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
     rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
     rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
     n_patches = _row_count(variables, PATCH_DIM)
     if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
-        rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id, dtype=object))
+        rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id))
         rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
     shapes = _check_layout(where, rows, state.shapes, state.coords)
     return _Staged(sample_id, rows, n_tokens, n_patches or 0, shapes)
@@ -771,10 +771,10 @@ def _concat_rows(parts: list[dict[str, Variable]]) -> dict[str, Variable]:
         if len(tails) > 1:
             raise StoreError(f"{name}: results of one commit disagree on its shape per {first.dims[0]}: "
                              f"{sorted(tails)}")
-        data = [np.asarray(p[name].data) for p in parts]
-        if data[0].dtype.kind in "USO":
-            data = [d.astype(object) for d in data]
-        out[name] = Variable(first.dims, np.concatenate(data), first.coords)
+        data = np.concatenate([np.asarray(p[name].data) for p in parts])
+        if data.dtype.kind in "US":  # strings: one conversion of the block (zarr writes objects)
+            data = data.astype(object)
+        out[name] = Variable(first.dims, data, first.coords)
     return out
 
 
