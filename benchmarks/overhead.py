@@ -62,7 +62,9 @@ def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
     from workbench.spec import parse_spec
     from workbench.store import StoreWriter
 
-    text = SPEC.format(model=model.model_id, n=len(samples), store=store_path)
+    # the spec names a known model to validate; the plan is compiled against `model` itself (a
+    # real-size random-weight model has no hub id)
+    text = SPEC.format(model="tiny-smolvlm", n=len(samples), store=store_path)
     if commit_interval_s is not None:
         text += f"backend: {{commit_interval_s: {commit_interval_s}}}\n"
     spec = parse_spec(text, source="<benchmark overhead spec>")

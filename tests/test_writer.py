@@ -121,3 +121,20 @@ def test_a_refused_result_in_a_gathered_commit_keeps_the_results_before_it(tmp_p
                 for i, variables in enumerate([good, good, bad, good]):
                     writer.put("m", "c", f"s{i}", variables)
     assert [str(s) for s in open_store(tmp_path / "bg.zarr", model="m").run_sample.values] == ["s0", "s1"]
+
+
+def test_closing_writes_everything_queued_without_waiting_out_intervals(tmp_path):
+    """At close (the end of a run, or Ctrl-C) the queue is written at once, in commits of at most
+    the gathering cap (here one result), never waiting out the (long) interval between them."""
+    with StoreWriter(tmp_path / "bg.zarr") as store:
+        store.ensure_model(store_drill.MODEL, {"family": "drill"})
+        gate = threading.Event()
+        writer = BackgroundWriter(store, commit_interval=60.0, on_written=lambda *key: gate.wait(5))
+        writer._gather_bytes = 1  # every result its own commit
+        start = time.monotonic()
+        with writer:
+            for name, sample, variables, attrs, input_hash in drill_results():
+                writer.put(store_drill.MODEL, name, sample, variables, attrs, input_hash)
+            gate.set()
+    assert time.monotonic() - start < 30 and writer.commits == 4
+    assert len(open_store(tmp_path / "bg.zarr", model=store_drill.MODEL).run_sample) == 4
