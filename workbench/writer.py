@@ -28,7 +28,7 @@ _STOP = object()
 # captures gathered into one commit, at most: small results (a tiny model's, a few layers) are
 # where a commit's fixed cost matters, and large ones gain little from gathering while they would
 # hold memory for the interval (peak RSS stays flat in the number of samples)
-GATHER_BYTES = 32 << 20
+GATHER_BYTES = 16 << 20
 
 
 def captured_bytes(variables: dict[str, Variable]) -> int:
