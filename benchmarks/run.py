@@ -321,7 +321,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"{'×'.join(map(str, mg['shape']))} ({mg['shard_mb']:.0f} MB)",
                             f"copy {_fmt_s(mg['copy_cpu_s'])}", f"merge {_fmt_s(mg['merge_cpu_s'])} ({mg['merge_mb_per_s']:.0f} MB/s wall)",
                             mg["ratio"], mg["wall_ratio"], mg["noise"], "— (informational)", None,
-                            "merge decodes and re-encodes every chunk (one commit per result); a copy moves bytes"))
+                            "merge decodes and re-encodes every chunk (one commit per sample); a copy moves bytes"))
     for name, data in [("analyses_tiny", sec.get("analyses_tiny"))] + [
             (n, d.get("analyses")) for n, d in sec.items() if n.startswith("real:")]:
         if data is None:
