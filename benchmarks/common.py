@@ -192,3 +192,34 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path, sync: Callable[[], Any]) -> tuple[float, float, int]:
+    """The workbench's own run loop (`workbench.runner._Run.todo`, the background writer) over
+    `samples` with the plan of `spec_text` compiled against `model` itself, until every result is
+    committed. Returns (CPU seconds of the process, wall seconds, commits); opening and closing
+    the store (once per run) are outside the timing."""
+    from tqdm.auto import tqdm
+
+    from workbench.data import input_hash
+    from workbench.plan import compile_plan
+    from workbench.runner import RunSummary, _Run, result_writer
+    from workbench.spec import parse_spec
+    from workbench.store import StoreWriter
+
+    spec = parse_spec(spec_text, source="<benchmark spec>")
+    plan = compile_plan(spec, model.info)
+    summary = RunSummary(store=str(store_path))
+    bar = tqdm(disable=True)
+    with StoreWriter(store_path) as store:
+        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
+                   str(model.device), "auto", None, {model.model_id: model}, None)
+        todo = [(plan, s, c) for s in samples for c in plan.conditions]
+        sync()
+        cpu, wall = time.process_time(), time.perf_counter()
+        with result_writer(store, spec, summary, bar) as writer:
+            run.todo(todo, writer)
+        sync()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert summary.written == len(todo), (summary.written, len(todo))
+    return cpu, wall, getattr(writer, "commits", len(todo))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import RESULTS, machine, median, pin_threads
+from .common import RESULTS, machine, median, pin_threads, runner_loop
 
 
 def _models(dry_run: bool) -> list[str]:
@@ -119,32 +119,9 @@ def workbench_sweep(model: Any, samples: list[Any], batch: int, store_path: Path
     """The workbench, wall seconds: the runner's own loop (`workbench.runner._Run`: batches of
     `backend.batch_size` conditions, one nnsight trace per batch, labels, the background store
     writer) over the samples' alpha sweep, until every result is committed."""
-    from tqdm.auto import tqdm
-
-    from workbench.data import input_hash
-    from workbench.plan import compile_plan
-    from workbench.runner import RunSummary, _Run, result_writer
-    from workbench.spec import parse_spec
-    from workbench.store import StoreWriter
-
     text = SWEEP.format(alphas=", ".join(map(str, ALPHAS)), layers=", ".join(map(str, _sweep_layers(model))),
                         batch=batch, store=store_path)
-    spec = parse_spec(text, source="<benchmark sweep spec>")
-    plan = compile_plan(spec, model.info)
-    summary = RunSummary(store=str(store_path))
-    bar = tqdm(disable=True)
-    with StoreWriter(store_path) as store:
-        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
-                   str(model.device), "auto", None, {model.model_id: model}, None)
-        todo = [(plan, s, c) for s in samples for c in plan.conditions]
-        sync()
-        start = time.perf_counter()
-        with result_writer(store, spec, summary, bar) as writer:
-            run.todo(todo, writer)
-        sync()
-        elapsed = time.perf_counter() - start
-    assert summary.written == len(todo), (summary.written, len(todo))
-    return elapsed
+    return runner_loop(model, text, samples, store_path, sync)[1]
 
 
 def batched_differences(unbatched: Path, batched: Path, model_id: str) -> dict[str, dict[str, float]]:

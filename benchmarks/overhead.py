@@ -19,11 +19,10 @@ run does once.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from .common import interleave, median
+from .common import interleave, median, runner_loop
 
 SPEC = """\
 name: bench-overhead
@@ -53,35 +52,13 @@ def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None
 
 def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
                    commit_interval_s: float | None = None) -> tuple[float, float, int]:
-    """The runner's loop over `samples`; returns (CPU s, wall s, commits) of the timed part."""
-    from tqdm.auto import tqdm
-
-    from workbench.data import input_hash
-    from workbench.plan import compile_plan
-    from workbench.runner import RunSummary, _Run, result_writer
-    from workbench.spec import parse_spec
-    from workbench.store import StoreWriter
-
+    """The runner's loop over `samples` (`common.runner_loop`); returns (CPU s, wall s, commits)."""
     # the spec names a known model to validate; the plan is compiled against `model` itself (a
     # real-size random-weight model has no hub id)
     text = SPEC.format(model="tiny-smolvlm", n=len(samples), store=store_path)
     if commit_interval_s is not None:
         text += f"backend: {{commit_interval_s: {commit_interval_s}}}\n"
-    spec = parse_spec(text, source="<benchmark overhead spec>")
-    plan = compile_plan(spec, model.info)
-    summary = RunSummary(store=str(store_path))
-    bar = tqdm(disable=True)
-    with StoreWriter(store_path) as store:
-        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
-                   str(model.device), "auto", None, {model.model_id: model}, None)
-        todo = [(plan, s, c) for s in samples for c in plan.conditions]
-        cpu, wall = time.process_time(), time.perf_counter()
-        with result_writer(store, spec, summary, bar) as writer:
-            run.todo(todo, writer)
-        sync()
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    assert summary.written == len(todo), (summary.written, len(todo))
-    return cpu, wall, getattr(writer, "commits", len(todo))
+    return runner_loop(model, text, samples, store_path, sync)
 
 
 def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | None = None,
