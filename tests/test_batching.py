@@ -5,6 +5,7 @@ decode steps included; kv_swap conditions run alone, with a logged reason."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -185,8 +186,10 @@ VISION_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
 
 @pytest.mark.parametrize("name", VISION_FAMILIES)
 def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
-    """Vision-tower captures and edits in a batched forward: each row's patch rows (an equal block
-    of the tower's tensors) are read and edited on their own; the store equals the unbatched one."""
+    """Vision-tower captures and edits in a batched forward of several samples: each row's patch
+    rows (its block of the tower's tensors: equal blocks, or in proportion to each row's patches
+    where they differ, Qwen's and InternVL's) are read and edited on their own; the store equals
+    the unbatched one."""
     conditions = """
   baseline: {}
   blank: {image: blank}
@@ -199,7 +202,7 @@ def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
         run(f"""\
 name: batching-vision
 models: [{name}]
-data: {{source: builtin, n: 1}}
+data: {{source: builtin, n: 3}}
 conditions:{conditions}
 capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
@@ -207,3 +210,82 @@ store: {{path: {stores[batch]}}}
 """)
     a, _ = assert_stores_match(stores[1], stores[8], name)
     assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
+
+
+# -- rows of different samples in one forward (right padding) ------------------------------------
+
+
+def padded_data(folder: Path) -> Path:
+    """A JSONL source whose questions differ in length (a few tokens to a long one) and whose
+    images differ in size: two 64x64 (every family can stack them: same tiles / patches) and one
+    96x48 (Qwen's flat patches and InternVL's tiles stack; tiled families run it apart)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, size, color in (("a.png", (64, 64), "red"), ("b.png", (64, 64), "blue"), ("c.png", (96, 48), "green")):
+        image = Image.new("RGB", size, color)
+        image.paste(Image.new("RGB", (16, 16), "white"), (8, 8))
+        image.save(folder / name)
+    records = [
+        {"id": "short", "image": "a.png", "question": "Color?"},
+        {"id": "long", "image": "b.png",
+         "question": "Look at the picture carefully and tell me, in one word, which color fills most of it?"},
+        {"id": "wide", "image": "c.png", "question": "What color is the large area of this image?"},
+        {"id": "medium", "image": "a.png", "question": "Which color is the background here?"},
+    ]
+    path = folder / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def padded_conditions(name: str) -> str:
+    """Few conditions per sample (so one forward holds rows of several samples): every
+    intervention kind, a source condition, the image ablations."""
+    width = model_info(name).hidden_size
+    vector = "[" + ", ".join(f"{0.01 * ((i % 5) - 2):.2f}" for i in range(width)) + "]"
+    if not model_info(name).arch.is_multimodal:
+        return f"""
+  baseline: {{}}
+  scaled: {{interventions: [{{kind: scale, site: embed, positions: all, factor: 2.0}}]}}
+  zero: {{interventions: [{{kind: zero, site: layer, layers: [1], positions: [2]}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: [0, 1], from: zero}}]}}"""
+    return f"""
+  baseline: {{}}
+  alpha: {{interventions: [{{kind: scale, site: projector, positions: vision, factor: 0.5}}]}}
+  blank: {{image: blank}}
+  none: {{image: none}}
+  normalize: {{interventions: [{{kind: normalize, site: projector}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: text, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [0], positions: vision, from: blank}}]}}
+  vscale: {{interventions: [{{kind: scale, site: vision, factor: 2.0}}]}}"""
+
+
+def padded_spec(name: str, store: Path, batch_size: int, data: str) -> str:
+    # (a DeepStack family's `projector` edits cannot share a run with the vision sites: the plan
+    # refuses it; test_vision_tower_sites_batch_like_the_rest batches them across samples)
+    arch = model_info(name).arch
+    vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.quirks.get("deepstack") else ""
+    return f"""\
+name: padded-{name}
+models: [{name}]
+data: {data}
+conditions:{padded_conditions(name)}
+capture: {captures_for(name)[:-1]}{vision}]
+generate: {{max_new_tokens: 3}}
+backend: {{batch_size: {batch_size}, dtype: float32, device: cpu}}
+store: {{path: {store}}}
+"""
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_samples_of_different_lengths_share_forwards_and_store_what_they_store_alone(name, tmp_path):
+    """Rows of several samples (different prompt lengths, and image sizes where the family can
+    stack them) in one right-padded forward: the store equals the unbatched one for every capture
+    and intervention kind, decode steps included, labels and all."""
+    data = f"{{source: jsonl, path: {padded_data(tmp_path / 'data')}, n: 4}}"
+    one, batched = tmp_path / "one.zarr", tmp_path / "batched.zarr"
+    run(padded_spec(name, one, 1, data))
+    run(padded_spec(name, batched, 8, data))
+    a, _ = assert_stores_match(one, batched, name)
+    assert len(set(a["n_tokens"].values.tolist())) > 1  # the rows really differ in length
