@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 
 import workbench
@@ -289,3 +290,92 @@ def test_samples_of_different_lengths_share_forwards_and_store_what_they_store_a
     run(padded_spec(name, batched, 8, data))
     a, _ = assert_stores_match(one, batched, name)
     assert len(set(a["n_tokens"].values.tolist())) > 1  # the rows really differ in length
+
+
+def _results_equal(got, expected, what: str, atol: float = 1e-5) -> None:
+    for part in ("tokens", "run", "patches"):
+        mine, theirs = getattr(got, part), getattr(expected, part)
+        assert set(mine) == set(theirs), what
+        for name in theirs:
+            np.testing.assert_allclose(mine[name], theirs[name], rtol=atol, atol=atol, err_msg=f"{what}: {name}")
+
+
+PAD_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
+                "{site: final_norm}, {site: logit_lens, layers: [1]}]")
+
+
+def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
+    """The runner's packing (`_execute_window`), counted with a plain PyTorch hook on the input
+    embedding: 4 builtin samples of one condition, prompts of 4 different lengths and images of
+    different patch counts, run as ONE prompt forward of 4 rows as wide as the longest prompt
+    (so the others were padded), then 2 decode steps of 4 rows; each row's results equal the
+    sample run alone."""
+    from test_interventions import plan_for
+    from tqdm import tqdm
+
+    from workbench.backends.local import run_rows
+    from workbench.data import builtin_samples
+    from workbench.runner import LazyInputs, _execute_window
+
+    model = load_tiny("tiny-qwen3vl", attn="sdpa")
+    plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
+    plan = plan.replace(batch_size=4)
+    samples = [(s, LazyInputs(model, s), list(plan.conditions)) for s in builtin_samples(4)]
+    lengths = [inputs["real"].n_tokens for _, inputs, _ in samples]
+    patches = [inputs["real"].encoding["pixel_values"].shape[0] for _, inputs, _ in samples]
+    assert len(set(lengths)) == 4 and len(set(patches)) > 1, (lengths, patches)
+    shapes = []
+    hook = model.hf.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    try:
+        groups = list(_execute_window(model, samples, plan, tqdm(disable=True)))
+    finally:
+        hook.remove()
+    assert shapes == [(4, max(lengths)), (4, 1), (4, 1)]
+    assert len(groups) == 1 and [entry[0].id for entry in groups[0]] == [s.id for s, _, _ in samples]
+    for sample, inputs, condition, result in groups[0]:
+        alone = run_rows(model, [(inputs, condition)], plan)[0]
+        assert result.tokens["hidden"].shape[0] == inputs["real"].n_tokens  # unpadded
+        _results_equal(result, alone, sample.id)
+
+
+PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(name, marks=pytest.mark.slow)
+                for name in (a.tiny for a in tiny_architectures())]
+
+
+@pytest.mark.parametrize("name", PAD_FAMILIES)
+def test_no_real_token_sees_a_pad(load_tiny, name):
+    """Right-padded rows: the pad positions' embeddings replaced by large random values (a plain
+    PyTorch hook) change nothing any row stores, prompt and decode steps alike. Paligemma and
+    Gemma-3 attend bidirectionally within the prompt (prefix LM) or an image, so their pads must be
+    masked there too."""
+    from test_interventions import plan_for
+
+    from workbench.backends.local import group_rows, run_rows
+    from workbench.data import builtin_samples
+    from workbench.runner import LazyInputs
+
+    model = load_tiny(name, attn="sdpa")
+    plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
+    condition = plan.conditions[0]
+    jobs = [(LazyInputs(model, s), condition) for s in builtin_samples(6)]
+    group = next(g for g in group_rows(jobs, 6, model.arch.per_token_keys)
+                 if len({jobs[i][0][condition.image].n_tokens for i in g}) > 1)
+    jobs = [jobs[i] for i in group]
+    lengths = [inputs[condition.image].n_tokens for inputs, _ in jobs]
+    clean = run_rows(model, jobs, plan)
+    generator = torch.Generator().manual_seed(0)
+
+    def noisy_pads(module, args, output):
+        if output.shape[1] == max(lengths):  # the prompt forward: each short row's tail is pads
+            output = output.clone()
+            for r, n in enumerate(lengths):
+                output[r, n:] = 1e3 * torch.randn(output[r, n:].shape, generator=generator)
+        return output
+
+    hook = model.hf.get_input_embeddings().register_forward_hook(noisy_pads)
+    try:
+        noisy = run_rows(model, jobs, plan)
+    finally:
+        hook.remove()
+    for r, (got, expected) in enumerate(zip(noisy, clean)):
+        _results_equal(got, expected, f"{name} row {r} ({lengths[r]} of {max(lengths)} tokens)", atol=1e-6)

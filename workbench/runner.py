@@ -343,6 +343,11 @@ class _Run:
                 # a JSON string, as netCDF attributes cannot hold a mapping (ds.to_netcdf)
                 definitions = json.dumps(self.spec.analysis.model_dump(), sort_keys=True)
                 self.store.ensure_model(model_id, {**model.describe(), "definitions": definitions})
+                if self.remote_config is None and plan.batch_size > 1:
+                    from .backends.local import unbatched_notes
+
+                    for line in unbatched_notes(model, plan):
+                        self.log(line)
             # (sample, its inputs, its conditions still to run), in todo order
             samples = []
             for _, runs in itertools.groupby(window, key=lambda t: t[1].id):

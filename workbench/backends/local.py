@@ -295,10 +295,35 @@ def padding_limit(model: ModelLike, captures: CapturePlan) -> int | None:
     a right-padded prompt must find every real key in the cache, which a sliding-window layer
     keeps only for its last `sliding_window` positions. None: no limit."""
     config = getattr(getattr(model, "hf", None), "config", None)
-    window = getattr(config.get_text_config(), "sliding_window", None) if config is not None else None
+    text = config.get_text_config() if config is not None else None
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        window = None  # declared but unused (Qwen2's use_sliding_window: false)
     if not window or not captures.decoding:
         return None
     return int(window) - captures.max_new_tokens - 1
+
+
+def unbatched_notes(model: ModelLike, plan: ModelPlan) -> list[str]:
+    """What `backend.batch_size` keeps out of a shared forward on this model, and why (the
+    runner logs these once per model; kv_swap is logged for the whole spec)."""
+    arch, name = model.arch, model.info.model_id
+    notes = []
+    if arch.is_multimodal:
+        notes.append(f"note: {name}: samples share a forward only where their image inputs stack (the same shape past "
+                     "the first dim: tile count and tile size); others run in forwards of their own")
+    if pad_requirements(model):
+        notes.append(f"note: {name}: runs without an image are batched only with runs of their own length (no "
+                     "token_type_ids: unpadded, sdpa runs the prompt unmasked, which a padding mask would change)")
+    if arch.quirks.get("deepstack"):
+        notes.append(f"note: {name}: a run editing `projector` (DeepStack mergers, inside the vision tower) and one "
+                     "editing vision / vision_layer never share a forward (nnsight serves sites in execution order)")
+    limit = padding_limit(model, plan.capture)
+    if limit is not None:
+        notes.append(f"note: {name}: prompts longer than {limit} tokens are batched only with prompts of their own "
+                     "length (a sliding-window cache would drop a padded row's keys in decode steps)")
+    return notes
 
 
 def stack_encodings(encodings: list[dict[str, Any]], per_token: tuple = PER_TOKEN, pad_id: int = 0) -> dict[str, Any]:

@@ -296,8 +296,10 @@ class BackendSpec(_Model):
     # results wait for the background store writer in a queue of at most this many MB (the next
     # forward runs meanwhile); 0 writes each result before the next forward
     write_queue_mb: NonNegativeInt = 1024
-    # conditions of one sample with the same token sequence (an alpha sweep, real vs blank image)
-    # run as the rows of one forward, at most this many; kv_swap conditions run alone
+    # runs per forward, at most: one sample's conditions (an alpha sweep, real vs blank image) and
+    # consecutive samples' runs, right-padded where prompts differ in length; samples whose image
+    # inputs cannot be stacked (tiles, size), kv_swap conditions and remote jobs (one per sample)
+    # run apart (README, "Backend: batches, devices, the writer")
     batch_size: PositiveInt = 1
     # a model larger than one GPU: spread over every visible device by accelerate (captures are
     # gathered to the host as always)
