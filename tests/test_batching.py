@@ -343,7 +343,7 @@ PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama")
 
 
 @pytest.mark.parametrize("name", PAD_FAMILIES)
-def test_no_real_token_sees_a_pad(load_tiny, name):
+def test_no_real_token_sees_a_pad(load_tiny, name, tmp_path):
     """Right-padded rows: the pad positions' embeddings replaced by large random values (a plain
     PyTorch hook) change nothing any row stores, prompt and decode steps alike. Paligemma and
     Gemma-3 attend bidirectionally within the prompt (prefix LM) or an image, so their pads must be
@@ -351,13 +351,13 @@ def test_no_real_token_sees_a_pad(load_tiny, name):
     from test_interventions import plan_for
 
     from workbench.backends.local import group_rows, run_rows
-    from workbench.data import builtin_samples
+    from workbench.data import jsonl_samples
     from workbench.runner import LazyInputs
 
     model = load_tiny(name, attn="sdpa")
     plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
     condition = plan.conditions[0]
-    jobs = [(LazyInputs(model, s), condition) for s in builtin_samples(6)]
+    jobs = [(LazyInputs(model, s), condition) for s in jsonl_samples(padded_data(tmp_path), 4)]
     group = next(g for g in group_rows(jobs, 6, model.arch.per_token_keys)
                  if len({jobs[i][0][condition.image].n_tokens for i in g}) > 1)
     jobs = [jobs[i] for i in group]
