@@ -327,7 +327,7 @@ class _Run:
 
     def todo(self, todo: list, writer: Any) -> None:
         model, model_id = None, None
-        for _, window in itertools.groupby(todo, key=self._window_key(todo)):
+        for _, window in itertools.groupby(todo, key=self._window_key()):
             window = list(window)
             plan = window[0][0]
             if plan.info.model_id != model_id:
@@ -371,7 +371,7 @@ class _Run:
                         writer.put_group(stored)
                         self.submitted += len(stored)
 
-    def _window_key(self, todo: list) -> Callable[[tuple], tuple]:
+    def _window_key(self) -> Callable[[tuple], tuple]:
         """The todo entries that may share forwards: per model, consecutive samples holding up to
         2 x `batch_size` runs locally (a window bounds the inputs held at once and lets
         `group_rows` pack samples of like shapes), each sample on its own remotely (one NDIF job
