@@ -203,7 +203,7 @@ def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
         run(f"""\
 name: batching-vision
 models: [{name}]
-data: {{source: builtin, n: 3}}
+data: {{source: builtin, n: 2}}
 conditions:{conditions}
 capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
@@ -284,7 +284,7 @@ def test_samples_of_different_lengths_share_forwards_and_store_what_they_store_a
     """Rows of several samples (different prompt lengths, and image sizes where the family can
     stack them) in one right-padded forward: the store equals the unbatched one for every capture
     and intervention kind, decode steps included, labels and all."""
-    data = f"{{source: jsonl, path: {padded_data(tmp_path / 'data')}, n: 4}}"
+    data = f"{{source: jsonl, path: {padded_data(tmp_path / 'data')}, n: 3}}"
     one, batched = tmp_path / "one.zarr", tmp_path / "batched.zarr"
     run(padded_spec(name, one, 1, data))
     run(padded_spec(name, batched, 8, data))
