@@ -27,6 +27,8 @@ README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
 TARGETS = {
+    "overhead_tiny": 1.25,  # a run's loop / a plain loop (forward + np.save), tiny models, at most
+    "overhead_real": 1.05,  # the same at real size, at most
     "capture_real": 1.10,   # workbench / plain transformers, real size, at most
     "store": 0.70,          # zarr MB/s / np.save MB/s, at least
     "analyses": 0.05,       # analyses / capture, at most
@@ -37,11 +39,14 @@ SIZES = {
     # name: (capture repeats tiny, store (tokens, layers, dim, repeats), analyses (n, repeats),
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
-                 remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4),
+                 remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
+                 overhead=(128, 3), overhead_real=(2, 2)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
-                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4),
+                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
+                  overhead=(128, 3), overhead_real=(2, 2)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
-                  remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1),
+                  remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,
+                  overhead=(4, 1), overhead_real=(1, 1)),
 }
 
 
@@ -114,13 +119,13 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         out: Path | None = RESULTS / "latest.json", readme: Path | None = README, log: Callable[[str], None] = print,
         workdir: Path | None = None) -> dict[str, Any]:
     """Run the chosen sections; return (and write) the results."""
-    from . import analyses_bench, capture, memory_bench, merge_bench, store_write
+    from . import analyses_bench, capture, memory_bench, merge_bench, overhead, store_write
 
     _quiet()
     pin_threads(threads)
     size = SIZES[mode]
     real_size = (mode == "full") if real_size is None else real_size
-    sections = sections or ("capture", "store", "merge", "sweep", "analyses", "memory", "remote")
+    sections = sections or ("overhead", "capture", "store", "merge", "sweep", "analyses", "memory", "remote")
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -139,6 +144,11 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
+    if "overhead" in sections:
+        n, repeats = size["overhead"]
+        models = ("tiny-smolvlm", "tiny-qwen3vl") if mode != "smoke" else ("tiny-qwen3vl",)
+        _section(sec, "overhead_tiny", lambda: overhead.tiny(models, n=n, repeats=repeats, workdir=workdir), log)
+        save()
     if "capture" in sections:
         variants = ("layers", "layers+attention") if mode != "smoke" else ("layers+attention",)
         tiny_models = ("tiny-smolvlm", "tiny-qwen3vl") if mode != "smoke" else ("tiny-qwen3vl",)
@@ -184,7 +194,7 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         samples, repeats = size["remote"]
         _section(sec, "remote", lambda: remote_section(samples, repeats, threads), log)
         save()
-    if real_size and ("capture" in sections or "analyses" in sections):
+    if real_size and ("capture" in sections or "analyses" in sections or "overhead" in sections):
         from .realsize import REAL_SIZE, real_size_model
 
         for name in REAL_SIZE:
@@ -193,6 +203,11 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
                 t0 = time.perf_counter()
                 with real_size_model(name, attn="eager") as model:
                     out_["build_s"] = round(time.perf_counter() - t0, 1)
+                    if "overhead" in sections:
+                        n_real, repeats_real = size["overhead_real"]
+                        out_["overhead"] = overhead.real_size_one(name, model, n=n_real, repeats=repeats_real,
+                                                                  workdir=workdir)
+                        save_partial(out_)
                     if "capture" in sections:
                         out_["capture"] = capture.real_size_one(name, model, repeats=size["real_repeats"])[f"{name} | layers+attention"]
                         save_partial(out_)
@@ -238,7 +253,7 @@ def _error_row(section: str, measurement: str, scale: str, data: dict[str, Any])
 
 def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     sec = results["sections"]
-    out = []
+    out = _overhead_rows(sec)
     tiny = sec.get("capture_tiny")
     if tiny is not None:
         if tiny.get("status") == "error":
@@ -361,6 +376,32 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Section 8: a run's loop against a plain loop, per sample (tiny, and real size)."""
+    out = []
+    tiny = sec.get("overhead_tiny")
+    found = [] if tiny is None or tiny.get("status") == "error" else list(tiny.values())
+    if tiny is not None and tiny.get("status") == "error":
+        out.append(_error_row("8", "per-sample overhead of a run", "tiny", tiny))
+    for name, data in sec.items():
+        if name.startswith("real:") and isinstance(data.get("overhead"), dict):
+            found.append({**data["overhead"], "real_size": True})
+    for r in found:
+        real = r.get("real_size", False)
+        target = TARGETS["overhead_real" if real else "overhead_tiny"]
+        gathered = r.get("commit_interval_s") != 0
+        label = "per-sample overhead of a run" + ("" if gathered else " (diagnostic: a commit per forward)")
+        out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
+                        f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
+                        f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "
+                        f"{'/'.join(map(str, r['commits']))} commits)",
+                        r["ratio"], r["wall_ratio"], r["noise"], f"≤ {target:.2f}" if gathered else "—",
+                        r["ratio"] <= target if gathered else None,
+                        "plain loop: encode + forward + hidden states of every layer to host + np.save; "
+                        "CPU of all threads"))
+    return out
+
+
 def _store_note(st: dict[str, Any]) -> str:
     arms = st.get("arms", {})
     parts = [f"{label} {arms[key]['mb_per_s']:.0f} MB/s" for key, label in (
@@ -420,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-size", dest="real_size", action="store_true", default=None,
                         help="also the real-size random-weight models (default unless --quick)")
     parser.add_argument("--no-real-size", dest="real_size", action="store_false")
-    parser.add_argument("--sections", default="capture,store,merge,sweep,analyses,memory,remote",
-                        help="comma-separated subset of capture,store,merge,sweep,analyses,memory,remote")
+    parser.add_argument("--sections", default="overhead,capture,store,merge,sweep,analyses,memory,remote",
+                        help="comma-separated subset of overhead,capture,store,merge,sweep,analyses,memory,remote")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="results JSON")
     parser.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")

@@ -154,8 +154,9 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
 
 
 def test_a_batched_forward_is_one_commit_and_a_rerun_resumes_it(tmp_path):
-    """One forward's results are committed together (all or none): the sweep's 4 rows of each
-    sample are one snapshot, the none-image run another; a rerun stores nothing twice."""
+    """One forward's results are committed together (all or none): the sweep's 4 rows of both
+    samples (one forward of 8 rows) are one snapshot, both none-image runs (one padded forward)
+    another; a rerun stores nothing twice."""
     from workbench.store import store_history
 
     store = tmp_path / "s.zarr"
@@ -168,14 +169,14 @@ conditions:
   blank: {{image: blank}}
   none: {{image: none}}
 capture: [{{site: layer, layers: [0]}}]
-backend: {{batch_size: 8}}
+backend: {{batch_size: 8, commit_interval_s: 0}}  # a commit per forward, not gathered
 store: {{path: {store}}}
 """
     run(text)
     messages = [h["message"] for h in store_history(store)]
     results = [m for m in messages if " | " in m]
-    assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {sample}" for sample in
-                                     ("builtin/counting/000", "builtin/color/001")
+    both = "builtin/counting/000 ... builtin/color/001 (2 samples)"
+    assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {both}"
                                      for names in ("a=1.0 + a=0.5 + a=2.0 + blank", "none")), messages
     summary = run_spec(parse_spec(text), progress=False, log=lambda _: None)
     assert summary.written == 0 and summary.skipped == 10

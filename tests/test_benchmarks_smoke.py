@@ -29,7 +29,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# Benchmarks\n\nhand-written text\n\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n\ntail\n")
     out = tmp_path / "latest.json"
-    bench.run("smoke", real_size=False, sections=("capture", "store", "merge", "sweep", "analyses", "memory"), out=out,
+    bench.run("smoke", real_size=False, sections=("overhead", "capture", "store", "merge", "sweep", "analyses", "memory"), out=out,
               readme=readme, log=lambda _: None, workdir=tmp_path)
 
     data = json.loads(out.read_text())
@@ -39,7 +39,12 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert {"cpu", "cores", "ram_gb", "versions"} <= set(m) and {"torch", "nnsight"} <= set(m["versions"])
 
     sec = data["sections"]
-    assert set(sec) == {"capture_tiny", "store", "merge", "sweep", "analyses_tiny", "memory_tiny"}
+    assert set(sec) == {"overhead_tiny", "capture_tiny", "store", "merge", "sweep", "analyses_tiny", "memory_tiny"}
+    ov = sec["overhead_tiny"]
+    assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward"}
+    assert ov["tiny-qwen3vl"]["samples"] == 4 and _number(ov["tiny-qwen3vl"]["ratio"]) and _number(ov["tiny-qwen3vl"]["wall_ratio"])
+    # one commit per forward when asked; fewer (gathered) by default
+    assert ov["tiny-qwen3vl | commit per forward"]["commits"] == [4, 4]
     for name in ("tiny-smolvlm", "tiny-qwen3vl"):
         assert _number(sec["sweep"][name]["batching_speedup"]) and sec["sweep"][name]["samples"] == 1
     mg = sec["merge"]
@@ -66,7 +71,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert list(mem["runs"]) == ["1"] and mem["runs"]["1"]["peak_rss_mb"] > 0 and _number(mem["growth"])
 
     rows = data["rows"]
-    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6", "7"}
+    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6", "7", "8"}
     for r in rows:
         assert {"measurement", "scale", "baseline", "workbench", "ratio", "target", "met"} <= set(r)
 

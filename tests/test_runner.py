@@ -33,10 +33,10 @@ store: {{path: {store}}}
 """
 
 
-def write_spec(tmp_path: Path, n: int = 2, name: str = "store.zarr") -> tuple[Path, Path]:
+def write_spec(tmp_path: Path, n: int = 2, name: str = "store.zarr", backend: str = "") -> tuple[Path, Path]:
     store = tmp_path / name
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(SPEC.format(n=n, store=store))
+    spec.write_text(SPEC.format(n=n, store=store) + (f"backend: {backend}\n" if backend else ""))
     return spec, store
 
 
@@ -117,8 +117,12 @@ def _identical(a: Path, b: Path) -> None:
 def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     """kill -9 in the middle of a sample's writes, right after a commit and mid-trace, through
     the real runner; the rerun resumes, and the result equals the uninterrupted run's store, row
-    for row. (Every write point of a small run is drilled in test_store.py.)"""
-    spec, store = write_spec(tmp_path, n=2)
+    for row. (Every write point of a small run is drilled in test_store.py.) Mid-trace, the
+    background writer gathers results into one commit per second, so results captured but not
+    yet committed are lost and captured again; the kill after the 5th commit counts commits of
+    one forward each (`commit_interval_s: 0`)."""
+    backend = "{commit_interval_s: 0}" if kill_at.startswith("store.commit") else ""
+    spec, store = write_spec(tmp_path, n=2, backend=backend)
     killed = run_cli("run", str(spec), "--no-progress", "--no-table", env={"WORKBENCH_KILL_AT": kill_at})
     assert killed.returncode == -9, killed.stderr
     partial = store_info(store)
@@ -130,6 +134,16 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     assert f"skipped {stored} of 16" in resumed.stdout
     _identical(store, demo_store)
     assert run_cli("verify", str(store), "--no-progress").returncode == 0
+
+
+def test_a_run_gathers_its_results_into_few_commits(demo_store):
+    """The background writer commits what arrives within `commit_interval_s` (1 s) together:
+    16 results, far fewer commits, each naming its model(s), conditions and samples (the store
+    itself equals the commit-per-forward one: the kill test above compares them)."""
+    from workbench.store import store_history
+
+    commits = [h["message"] for h in store_history(demo_store) if h["message"] != "Repository initialized"]
+    assert 1 <= len(commits) < 16 and all(" | " in m for m in commits), commits
 
 
 def test_second_writer_is_refused(tmp_path):

@@ -169,6 +169,8 @@ BAD_SPECS = {
     "string for n": (mutate("n: 8", "n: eight"), "data.n", 6, "got 'eight' (str); expected an integer"),
     "quoted number for n": (mutate("n: 8", "n: '8'"), "data.n", 6, "got '8' (str); expected an integer"),
     "negative n": (mutate("n: 8", "n: -2"), "data.n", 6, "got -2 (int); expected an integer >= 1"),
+    "negative commit interval": (mutate("dtype: float32}", "dtype: float32, commit_interval_s: -0.5}"),
+                                 "backend.commit_interval_s", 31, "got -0.5 (float); expected a number >= 0.0"),
     "unknown site": (
         mutate("site: projector", "site: projektor"),
         "conditions.alpha.interventions[0].site",

@@ -112,6 +112,7 @@ conditions:
   zeroed: {{interventions: [{{kind: zero, site: layer, layers: [1], positions: text}}]}}
 capture: [{{site: layer, layers: all}}]
 store: {{path: {store}}}
+backend: {{commit_interval_s: 0}}  # a commit per result: many states for the reader to meet
 """)
     proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(spec), "--no-progress", "--no-table"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -283,7 +284,8 @@ def test_provenance_records_the_effective_spec_and_command_and_run_tags_read_bac
     assert len(samples_by_condition(open_store(store, model="tiny-llama", snapshot="run-2"))["baseline"]) == 2
     assert main(["info", str(store), "--history"]) == 0
     out = capsys.readouterr().out
-    assert "run-1" in out and "run-2" in out and "tiny-llama | scaled | builtin/color/001" in out
+    # the background writer gathers a run's results into few commits, each naming what it holds
+    assert "run-1" in out and "run-2" in out and "tiny-llama | baseline + scaled | builtin/color/001" in out
 
 
 # -- names and paths -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ surfaced in the caller, and Ctrl-C committing what was already captured."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -72,4 +73,68 @@ def test_an_interrupt_commits_what_was_captured(tmp_path):
                     writer.put(store_drill.MODEL, name, sample, variables, attrs, input_hash)
                 gate.set()
                 raise KeyboardInterrupt
+    assert len(open_store(tmp_path / "bg.zarr", model=store_drill.MODEL).run_sample) == 4
+
+
+def store_commits(path):
+    """Commits that hold results (not the repository's first, empty one)."""
+    from workbench.store import store_history
+
+    return [h for h in store_history(path) if h["message"] != "Repository initialized"]
+
+
+def test_results_within_the_commit_interval_are_one_commit_equal_to_per_result_commits(tmp_path):
+    """Gathered commits: the whole drill arrives within the interval, so it is ONE commit holding
+    four results (two conditions x two samples, each condition appended as one block), and the
+    store equals the synchronous one, a commit per result."""
+    reference = tmp_path / "sync.zarr"
+    assert store_drill.run(str(reference)) == 0
+    written = []
+    writer = write_in_background(tmp_path / "bg.zarr", commit_interval=60.0,
+                                 on_written=lambda *key: written.append(key))
+    assert writer.commits == 1 and len(written) == 4
+    assert len(store_commits(tmp_path / "bg.zarr")) == 1 < len(store_commits(reference))
+    assert_same_store(tmp_path / "bg.zarr", reference, (store_drill.MODEL,))
+
+
+def test_a_caller_waiting_for_room_cuts_the_gathering_short(tmp_path):
+    """With a queue that holds one result, a caller waiting for room makes the thread commit what
+    it gathered at once, not when the (long) interval ends: no stall, the same store."""
+    reference = tmp_path / "sync.zarr"
+    assert store_drill.run(str(reference)) == 0
+    one = max(captured_bytes(v) for _, _, v, _, _ in drill_results())
+    start = time.monotonic()
+    writer = write_in_background(tmp_path / "bg.zarr", max_bytes=one + 1, commit_interval=60.0)
+    assert time.monotonic() - start < 30 and writer.commits >= 3
+    assert_same_store(tmp_path / "bg.zarr", reference, (store_drill.MODEL,))
+
+
+def test_a_refused_result_in_a_gathered_commit_keeps_the_results_before_it(tmp_path):
+    """One gathered commit is all or none; when the store refuses one of its results, the writer
+    commits the forwards before it one by one and raises the refusal."""
+    good = {"position": Variable(("token",), np.arange(3)), "hidden": Variable(("token", "dim"), np.zeros((3, 2)))}
+    bad = {"position": Variable(("token",), np.arange(3)), "hidden": Variable(("token", "dim"), np.zeros((4, 2)))}
+    with StoreWriter(tmp_path / "bg.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        with pytest.raises(StoreError, match="disagree on the number of tokens"):
+            with BackgroundWriter(store, commit_interval=60.0) as writer:
+                for i, variables in enumerate([good, good, bad, good]):
+                    writer.put("m", "c", f"s{i}", variables)
+    assert [str(s) for s in open_store(tmp_path / "bg.zarr", model="m").run_sample.values] == ["s0", "s1"]
+
+
+def test_closing_writes_everything_queued_without_waiting_out_intervals(tmp_path):
+    """At close (the end of a run, or Ctrl-C) the queue is written at once, in commits of at most
+    the gathering cap (here one result), never waiting out the (long) interval between them."""
+    with StoreWriter(tmp_path / "bg.zarr") as store:
+        store.ensure_model(store_drill.MODEL, {"family": "drill"})
+        gate = threading.Event()
+        writer = BackgroundWriter(store, commit_interval=60.0, on_written=lambda *key: gate.wait(5))
+        writer._gather_bytes = 1  # every result its own commit
+        start = time.monotonic()
+        with writer:
+            for name, sample, variables, attrs, input_hash in drill_results():
+                writer.put(store_drill.MODEL, name, sample, variables, attrs, input_hash)
+            gate.set()
+    assert time.monotonic() - start < 30 and writer.commits == 4
     assert len(open_store(tmp_path / "bg.zarr", model=store_drill.MODEL).run_sample) == 4

@@ -3,8 +3,8 @@ single run's: the same models, conditions, identities, rows in the same order, l
 shard's provenance (plus a record of the merge).
 
 Shard k of N holds samples k, k+N, k+2N, ... of the spec's data, so the single run's order is the
-shards' samples taken round-robin. Each merged sample is one commit, as in a run: an interrupted
-merge resumes where it stopped."""
+shards' samples taken round-robin. Each merged sample, all its conditions, is one commit (split
+where its captures exceed `GATHER_BYTES`): an interrupted merge resumes where it stopped."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from .errors import BadInputError
 from .store import (
     MODEL_IDENTITY, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
 )
+from .writer import GATHER_BYTES, captured_bytes
 
 _WRITTEN_BY_STORE = {"sample", "run_sample", "run_tokens", "run_input", "patch_sample", "run_patches"}  # write_sample adds these
 
@@ -104,6 +105,13 @@ def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[
         shards = sorted((_Shard(Path(p)) for p in shard_paths), key=lambda s: s.index)
         _check_shards(shards)
         written = 0
+        pending: list[tuple] = []
+
+        def flush() -> None:
+            if pending:
+                store.write_samples(pending)
+                pending.clear()
+
         with StoreWriter(out) as store:
             done_before = _committed(store)
             record = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -122,6 +130,7 @@ def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[
                 order = _round_robin([list(dict.fromkeys(r[0] for c in conditions for r in per_shard[c][i]))
                                       for i in range(len(shards))])
                 for sample in order:
+                    flush()
                     for condition in conditions:
                         found = [(i, r) for i, rows in enumerate(per_shard[condition]) for r in rows if r[0] == sample]
                         if not found or (key, condition, sample) in done_before:
@@ -129,9 +138,12 @@ def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[
                         i, (sid, tokens, run, input_hash) = found[0]
                         group = shards[i].models()[key][condition]
                         attrs = {k: v for k, v in group.attrs.items() if k != "condition"}
-                        store.write_sample(model_attrs["model_id"], condition, sid, _variables(group, tokens, run),
-                                           attrs, input_hash=input_hash)
+                        variables = _variables(group, tokens, run)
+                        if sum(captured_bytes(r[3]) for r in pending) + captured_bytes(variables) > GATHER_BYTES:
+                            flush()
+                        pending.append((model_attrs["model_id"], condition, sid, variables, attrs, input_hash))
                         written += 1
+            flush()
             store.finish_run()
     log(f"merged {len(shards)} shard(s) into {out}: wrote {written} result(s)")
     return written

@@ -174,7 +174,26 @@ def sample_variables(inputs: Any, result: Any, coords: dict[str, dict[str, np.nd
     return variables
 
 
-def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[str, Variable]:
+class TokenTexts:
+    """Each token id decoded on its own (`token_text`), remembered per id: a run meets the same
+    ids again and again (image placeholders, the chat template), and a decode call per token
+    cost more than the rest of a tiny model's labels."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.texts: dict[int, str] = {}
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        new = [i for i in dict.fromkeys(ids) if i not in self.texts]
+        if new:
+            decoded = self.tokenizer.batch_decode([[i] for i in new], skip_special_tokens=False,
+                                                  clean_up_tokenization_spaces=False)
+            self.texts.update(zip(new, decoded))
+        return [self.texts[i] for i in ids]
+
+
+def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
+                token_texts: TokenTexts | None = None) -> dict[str, Variable]:
     """What a reader wants next to the ids: each token decoded on its own (`token_text`), and per
     run the prompt as the model saw it, the question, the generated text (with a `logits`
     capture; `run_response`: the same cut before the first special token, e.g. the end of the
@@ -182,7 +201,7 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any) -> dict[s
     category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
     accepted answer (`run_all_answers`, a JSON list)."""
     ids = [int(i) for i in inputs.input_ids]
-    tokens = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    tokens = (token_texts or TokenTexts(tokenizer))(ids)
     generated = result.run.get("generated")
     labels = {
         "token_text": Variable(("token",), np.array(tokens, dtype=object)),
@@ -236,7 +255,8 @@ def run_spec(
 
     Results are committed by a background writer (`workbench.writer`) while the next forward
     runs, through a queue of at most `backend.write_queue_mb` MB (0: each result is written
-    before the next forward)."""
+    before the next forward), what arrives within `backend.commit_interval_s` seconds as one
+    commit."""
     from .data import input_hash, load_samples
 
     log = log or _LOG.info
@@ -324,6 +344,7 @@ class _Run:
         self.device, self.dtype, self.remote_config = device, dtype, remote_config
         self.remote_models, self.first = remote_models, first
         self.submitted = 0
+        self.token_texts: TokenTexts | None = None  # the current model's
 
     def todo(self, todo: list, writer: Any) -> None:
         model, model_id = None, None
@@ -343,6 +364,7 @@ class _Run:
                 # a JSON string, as netCDF attributes cannot hold a mapping (ds.to_netcdf)
                 definitions = json.dumps(self.spec.analysis.model_dump(), sort_keys=True)
                 self.store.ensure_model(model_id, {**model.describe(), "definitions": definitions})
+                self.token_texts = TokenTexts(model.tokenizer)
                 if self.remote_config is None and plan.batch_size > 1:
                     from .backends.local import unbatched_notes
 
@@ -362,14 +384,13 @@ class _Run:
                     model, samples[0][1], samples[0][2], plan, self.remote_config, self.bar, self.log))
             else:
                 results = _execute_window(model, samples, plan, self.bar)
-            for group in results:  # one forward's results
-                for part in _commits(group):  # one store commit each
-                    stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
-                              for sample, inputs_by_image, condition, result in part]
-                    with signals_deferred():
-                        _signal_drill(self.submitted)
-                        writer.put_group(stored)
-                        self.submitted += len(stored)
+            for group in results:  # one forward's results (of one sample or several): committed together
+                stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
+                          for sample, inputs_by_image, condition, result in group]
+                with signals_deferred():
+                    _signal_drill(self.submitted)
+                    writer.put_group(stored)
+                    self.submitted += len(stored)
 
     def _window_key(self) -> Callable[[tuple], tuple]:
         """The todo entries that may share forwards: per model, consecutive samples holding up to
@@ -398,7 +419,7 @@ class _Run:
         model_id = plan.info.model_id
         inputs = inputs_by_image[condition.image]
         variables = sample_variables(inputs, result, plan.capture.coords(),
-                                     text_labels(model.tokenizer, inputs, sample, result))
+                                     text_labels(model.tokenizer, inputs, sample, result, self.token_texts))
         problems = nonfinite_report(variables)
         variables["nonfinite"] = Variable(("run",), np.array([len(problems)], dtype=np.int64))
         for line in problems:
@@ -437,7 +458,8 @@ def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any, 
         log("note: nnsight's local simulation hides modules process-wide; results are written "
             "synchronously (no background writer)")
         queue_mb = 0
-    writer = BackgroundWriter(store, queue_mb << 20, written) if queue_mb else SyncWriter(store, written)
+    interval = getattr(spec.backend, "commit_interval_s", 1.0)
+    writer = BackgroundWriter(store, queue_mb << 20, written, interval) if queue_mb else SyncWriter(store, written)
     with writer:
         yield writer
 
@@ -529,16 +551,6 @@ def _execute_window(model: ClientModel, samples: list[tuple[Any, LazyInputs, lis
                            on_trace=fault_point)
         yield [(sample, inputs_by_image, condition, result)
                for (sample, inputs_by_image, condition), result in zip(rows, results)]
-
-
-def _commits(group: list[tuple]) -> list[list[tuple]]:
-    """One forward's (sample, inputs, condition, result)s as store commits: one per sample (in
-    row order), as a commit takes at most one result per (model, condition)
-    (`StoreWriter.write_samples`); a forward of one sample's conditions stays one commit."""
-    by_sample: dict[str, list[tuple]] = {}
-    for entry in group:
-        by_sample.setdefault(entry[0].id, []).append(entry)
-    return list(by_sample.values())
 
 
 def _execute_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,

@@ -382,12 +382,16 @@ class StoreWriter:
                 hint="free space or fix the file system, then rerun the same command to finish") from None
 
     @contextlib.contextmanager
-    def _discard_on_error(self) -> Iterator[None]:
-        """A write that fails halfway leaves nothing staged: the next commit must not carry it."""
+    def _discard_on_error(self, known: set[tuple[str, str]] | None = None) -> Iterator[None]:
+        """A write that fails halfway leaves nothing staged: the next commit must not carry it,
+        nor the layout of a condition first met in it (`known`: the conditions met before)."""
         try:
             yield
         except BaseException:
             self._session = self._root = None
+            if known is not None:
+                for key in set(self._states) - known:
+                    del self._states[key]
             raise
 
     def committed_root(self) -> zarr.Group:
@@ -484,45 +488,46 @@ class StoreWriter:
 
     def write_samples(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]]) -> str:
         """Append several results, each (model_id, condition, sample_id, variables,
-        condition_attrs, input_hash) as `write_sample` takes them and each to another (model,
-        condition), and commit them together as ONE snapshot: a batched forward's results cost
-        one commit, and are stored all or none. Returns the snapshot id."""
-        if len({(m, c) for m, c, *_ in results}) != len(results):
-            raise StoreError("one commit takes at most one result per (model, condition)")
-        for _, condition, *_ in results:
+        condition_attrs, input_hash) as `write_sample` takes them, and commit them together as
+        ONE snapshot: stored all or none. A batched forward's results are one commit; the
+        background writer gathers the forwards of a commit interval into one. The results of
+        one (model, condition) are appended as one block per array, so a commit's cost hardly
+        grows with the number of results in it. Returns the snapshot id."""
+        seen: set[tuple[str, str, str]] = set()
+        for model_id, condition, sample_id, *_ in results:
             problem = reserved_name_problem(condition)
             if problem:
                 raise StoreError(f"condition name {problem}")
-        names = " + ".join(c for _, c, *_ in results)
-        what = f"{results[0][0]} | {names} | {results[0][2]}"
-        staged = []
-        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {what}"), self._discard_on_error():
+            if (model_id, condition, sample_id) in seen:
+                raise StoreError(f"sample {sample_id!r} appears twice for {model_id} / {condition} in one commit")
+            seen.add((model_id, condition, sample_id))
+        what = _commit_message(results)
+        staged: list[tuple[_ConditionState, list[_Staged]]] = []
+        with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {what}"), self._discard_on_error(set(self._states)):
             root = self._stage()
-            for model_id, condition, sample_id, variables, condition_attrs, input_hash in results:
-                group = self._condition_group(root, model_id, condition, condition_attrs or {})
+            by_condition: dict[tuple[str, str], list[tuple]] = {}
+            for result in results:
+                by_condition.setdefault((result[0], result[1]), []).append(result)
+            for (model_id, condition), items in by_condition.items():
+                group = self._condition_group(root, model_id, condition, items[0][4] or {})
                 state = self._state(model_id, condition, group)
-                if sample_id in state.samples:
-                    raise StoreError(f"sample {sample_id!r} is already stored for {model_id} / {condition}")
-                n_tokens = _token_count(variables)
-                rows = dict(variables)
-                rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id, dtype=object))
-                rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
-                rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
-                rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
-                n_patches = _row_count(variables, PATCH_DIM)
-                if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
-                    rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id, dtype=object))
-                    rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
-                shapes = _check_layout(group.path, rows, state)
-                # every array's create/resize/write in one batch: one trip through zarr's event loop
-                zarr.core.sync.sync(self._append_all(group._async_group, rows, state))
-                staged.append((state, sample_id, n_tokens, n_patches, shapes, rows))
+                pending = [_staged_rows(group.path, state, sample_id, variables, input_hash)
+                           for _, _, sample_id, variables, _, input_hash in items]
+                layout = _Layout.of(state)
+                for run in _same_names(pending):
+                    block = _concat_rows([p.rows for p in run])
+                    _check_layout(group.path, block, layout.shapes, layout.coords)
+                    # every array's create/resize/write in one batch: one trip through zarr's event loop
+                    zarr.core.sync.sync(self._append_all(group._async_group, block, layout))
+                    layout.advance(block)
+                staged.append((state, pending))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(what, len(results))
         self._pending_provenance = None
-        for state, sample_id, n_tokens, n_patches, shapes, rows in staged:
-            state.commit(sample_id, n_tokens, shapes, rows, n_patches or 0)
+        for state, pending in staged:
+            for item in pending:
+                state.commit(item.sample_id, item.n_tokens, item.shapes, item.rows, item.n_patches)
         return snapshot
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
@@ -547,17 +552,17 @@ class StoreWriter:
             self._states[key] = _ConditionState.read(group)
         return self._states[key]
 
-    async def _append_all(self, group: Any, rows: dict[str, Variable], state: _ConditionState) -> None:
+    async def _append_all(self, group: Any, rows: dict[str, Variable], layout: _Layout) -> None:
         import asyncio
 
         new_coords = {dim: np.asarray(values) for var in rows.values() for dim, values in var.coords.items()
-                      if dim not in state.coords}
+                      if dim not in layout.coords}
         await asyncio.gather(*(self._create_coord(group, dim, values) for dim, values in new_coords.items()))
 
         async def append(name: str, var: Variable) -> None:
             data = np.asarray(var.data)
-            offset = state.offset(var.dims[0])
-            if name in state.shapes:
+            offset = layout.offsets[var.dims[0]]
+            if name in layout.shapes:
                 array = await group.getitem(name)
             else:
                 array = await group.create_array(name, **_array_layout(name, var))
@@ -701,19 +706,108 @@ class _ConditionState:
             self.coords.update({dim: np.asarray(v) for dim, v in var.coords.items() if dim not in self.coords})
 
 
-def _check_layout(where: str, rows: dict[str, Variable], state: _ConditionState) -> dict[str, tuple[int, ...]]:
-    """Each row's shape and coordinates against what the condition already holds."""
+def _check_layout(where: str, rows: dict[str, Variable], known: dict[str, tuple[int, ...]],
+                  coords: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Each row's shape and coordinates against what the condition already holds (`known`
+    per-row shapes, `coords`)."""
     shapes = {}
     for name, var in rows.items():
         tail = tuple(np.shape(var.data)[1:])
-        if name in state.shapes and state.shapes[name] != tail:
+        if name in known and known[name] != tail:
             raise StoreError(f"{name}: shape {tail} per {var.dims[0]} does not match the stored "
-                             f"{state.shapes[name]} in {where}; write to a new store")
+                             f"{known[name]} in {where}; write to a new store")
         for dim, values in var.coords.items():
-            if dim in state.coords and not np.array_equal(state.coords[dim], np.asarray(values)):
+            if dim in coords and not np.array_equal(coords[dim], np.asarray(values)):
                 raise StoreError(f"{name}: coordinate {dim} differs from the stored one in {where}")
         shapes[name] = tail
     return shapes
+
+
+class _Staged:
+    """One result's rows as staged for a commit, with what `_ConditionState.commit` needs."""
+
+    def __init__(self, sample_id: str, rows: dict[str, Variable], n_tokens: int, n_patches: int,
+                 shapes: dict[str, tuple[int, ...]]):
+        self.sample_id, self.rows, self.n_tokens, self.n_patches, self.shapes = sample_id, rows, n_tokens, n_patches, shapes
+
+
+def _staged_rows(where: str, state: _ConditionState, sample_id: str, variables: dict[str, Variable],
+                 input_hash: str) -> _Staged:
+    """A result's variables plus the store's own labels of it (sample, run rows, input hash)."""
+    if sample_id in state.samples:
+        raise StoreError(f"sample {sample_id!r} is already stored for {where}")
+    n_tokens = _token_count(variables)
+    rows = dict(variables)
+    rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id))
+    rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
+    rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
+    rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
+    n_patches = _row_count(variables, PATCH_DIM)
+    if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
+        rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id))
+        rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
+    shapes = _check_layout(where, rows, state.shapes, state.coords)
+    return _Staged(sample_id, rows, n_tokens, n_patches or 0, shapes)
+
+
+def _same_names(pending: list[_Staged]) -> list[list[_Staged]]:
+    """Consecutive results with the same variables: each run is appended as one block."""
+    runs: list[list[_Staged]] = []
+    for item in pending:
+        if runs and set(runs[-1][0].rows) == set(item.rows):
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
+
+
+def _concat_rows(parts: list[dict[str, Variable]]) -> dict[str, Variable]:
+    """Results' rows joined along each variable's row dim (token, patch or run)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for name, first in parts[0].items():
+        tails = {np.shape(p[name].data)[1:] for p in parts}
+        if len(tails) > 1:
+            raise StoreError(f"{name}: results of one commit disagree on its shape per {first.dims[0]}: "
+                             f"{sorted(tails)}")
+        data = np.concatenate([np.asarray(p[name].data) for p in parts])
+        if data.dtype.kind in "US":  # strings: one conversion of the block (zarr writes objects)
+            data = data.astype(object)
+        out[name] = Variable(first.dims, data, first.coords)
+    return out
+
+
+class _Layout:
+    """Where the next block of a condition goes within one commit: row offsets per row dim, the
+    arrays and coordinates that exist (committed, or staged earlier in this commit)."""
+
+    def __init__(self, offsets: dict[str, int], shapes: dict[str, tuple[int, ...]], coords: dict[str, np.ndarray]):
+        self.offsets, self.shapes, self.coords = offsets, shapes, coords
+
+    @classmethod
+    def of(cls, state: _ConditionState) -> _Layout:
+        return cls({dim: state.offset(dim) for dim in ("token", PATCH_DIM, "run")}, dict(state.shapes),
+                   dict(state.coords))
+
+    def advance(self, block: dict[str, Variable]) -> None:
+        for dim in self.offsets:
+            counts = {np.shape(v.data)[0] for v in block.values() if v.dims[0] == dim}
+            self.offsets[dim] += counts.pop() if counts else 0
+        self.shapes.update({name: tuple(np.shape(v.data)[1:]) for name, v in block.items()})
+        for var in block.values():
+            self.coords.update({dim: np.asarray(v) for dim, v in var.coords.items() if dim not in self.coords})
+
+
+def _commit_message(results: list[tuple]) -> str:
+    """'model | condition[ + condition...] | sample' (`info --history`); a gathered commit names
+    its first and last sample and how many it holds."""
+    def joined(values: list[str]) -> str:
+        return " + ".join(dict.fromkeys(values))
+
+    samples = list(dict.fromkeys(r[2] for r in results))
+    which = samples[0] if len(samples) == 1 else f"{samples[0]} ... {samples[-1]} ({len(samples)} samples)"
+    return f"{joined([r[0] for r in results])} | {joined([r[1] for r in results])} | {which}"
 
 
 def _array_layout(name: str, var: Variable) -> dict[str, Any]:

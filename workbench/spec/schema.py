@@ -35,6 +35,7 @@ from .fields import (
     ConditionName,
     Layers,
     ModelRef,
+    NonNegativeFloat,
     NonNegativeInt,
     Number,
     NumberOrVar,
@@ -296,6 +297,10 @@ class BackendSpec(_Model):
     # results wait for the background store writer in a queue of at most this many MB (the next
     # forward runs meanwhile); 0 writes each result before the next forward
     write_queue_mb: NonNegativeInt = 1024
+    # the background writer commits what arrived within this many seconds as one commit (a
+    # commit's fixed cost is paid once per interval); a kill loses at most that much uncommitted
+    # work, which the rerun captures again. 0: one commit per forward
+    commit_interval_s: NonNegativeFloat = 1.0
     # runs per forward, at most: one sample's conditions (an alpha sweep, real vs blank image) and
     # consecutive samples' runs, right-padded where prompts differ in length; samples whose image
     # inputs cannot be stacked (tiles, size), kv_swap conditions and remote jobs (one per sample)

@@ -61,8 +61,10 @@ def _messages(err: dict, loc: SpecPath) -> list[tuple[SpecPath, str]]:
     if kind == "too_short":
         return [((), f"{_got(value)}; expected at least {ctx.get('min_length', 1)} {_item_noun(loc)}")]
     if kind in ("greater_than_equal", "greater_than"):
-        bound = f">= {ctx['ge']}" if "ge" in ctx else f"> {ctx.get('gt')}"
-        return [((), f"{_got(value)}; expected an integer {bound}")]
+        limit = ctx["ge"] if "ge" in ctx else ctx.get("gt")
+        bound = f"{'>=' if 'ge' in ctx else '>'} {limit}"
+        noun = "a number" if isinstance(limit, float) else "an integer"  # the field's type, from its bound
+        return [((), f"{_got(value)}; expected {noun} {bound}")]
     return [((), f"{_got(value)}; expected {_expected_for(kind, err['msg'])}")]
 
 

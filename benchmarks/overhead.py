@@ -1,0 +1,150 @@
+"""Per-sample overhead of a run (issue 14's target): `workbench run`'s own loop over N samples
+against a plain loop over the same samples, both start to end.
+
+- plain loop: per sample, encode it (`WorkbenchModel.encode`, the processor call both arms make),
+  one transformers forward with `output_hidden_states=True` under `inference_mode`, the hidden
+  states of every layer stacked, copied to host float32 and `np.save`d;
+- workbench: the runner's loop (`workbench.runner._Run.todo`: encoding, one nnsight trace per
+  (sample, condition) capturing the residual stream at every layer, token labels and decoded
+  token texts, the non-finite check, the background writer gathering what arrives within
+  `backend.commit_interval_s` into one icechunk commit) until every result is committed.
+
+Both in one process, alternating (ABBA) after a warm-up of each. CPU seconds are of the whole
+process, all threads (the writer thread, zarr's and icechunk's), so work moved off the main
+thread still counts; wall seconds say how much of it overlaps (on a GPU the host would otherwise
+wait). The store is opened before and closed after the timing (its lock and repository), as a
+run does once.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import interleave, median
+
+SPEC = """\
+name: bench-overhead
+models: [{model}]
+data: {{source: builtin, n: {n}}}
+conditions:
+  baseline: {{}}
+capture:
+  - {{site: layer, layers: all}}
+store: {{path: {store}}}
+"""
+
+
+def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None:
+    import numpy as np
+    import torch
+
+    for i, sample in enumerate(samples):
+        inputs = model.encode(sample.image, sample.question, "real")
+        model.prepare()
+        with torch.inference_mode():
+            out = model.hf(**inputs.encoding, output_hidden_states=True)
+            hidden = torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()
+        np.save(out_dir / f"hidden-{i}.npy", hidden)
+    sync()
+
+
+def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
+                   commit_interval_s: float | None = None) -> tuple[float, float, int]:
+    """The runner's loop over `samples`; returns (CPU s, wall s, commits) of the timed part."""
+    from tqdm.auto import tqdm
+
+    from workbench.data import input_hash
+    from workbench.plan import compile_plan
+    from workbench.runner import RunSummary, _Run, result_writer
+    from workbench.spec import parse_spec
+    from workbench.store import StoreWriter
+
+    # the spec names a known model to validate; the plan is compiled against `model` itself (a
+    # real-size random-weight model has no hub id)
+    text = SPEC.format(model="tiny-smolvlm", n=len(samples), store=store_path)
+    if commit_interval_s is not None:
+        text += f"backend: {{commit_interval_s: {commit_interval_s}}}\n"
+    spec = parse_spec(text, source="<benchmark overhead spec>")
+    plan = compile_plan(spec, model.info)
+    summary = RunSummary(store=str(store_path))
+    bar = tqdm(disable=True)
+    with StoreWriter(store_path) as store:
+        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
+                   str(model.device), "auto", None, {model.model_id: model}, None)
+        todo = [(plan, s, c) for s in samples for c in plan.conditions]
+        cpu, wall = time.process_time(), time.perf_counter()
+        with result_writer(store, spec, summary, bar) as writer:
+            run.todo(todo, writer)
+        sync()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert summary.written == len(todo), (summary.written, len(todo))
+    return cpu, wall, getattr(writer, "commits", len(todo))
+
+
+def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | None = None,
+            commit_interval_s: float | None = None) -> dict[str, Any]:
+    """Per-sample CPU and wall time of both loops over `n` built-in samples, and their ratios."""
+    import torch
+
+    from workbench.data import builtin_samples
+
+    cuda = str(model.device).startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    samples = builtin_samples(n)
+    commits: list[int] = []
+    wb_cpu: list[float] = []
+    wb_wall: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=workdir) as tmp:
+        def baseline(i: int) -> None:
+            plain_loop(model, samples, Path(tmp), sync)
+
+        def workbench(i: int) -> None:
+            cpu, wall, k = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s)
+            if i >= 0:
+                wb_cpu.append(cpu)
+                wb_wall.append(wall)
+                commits.append(k)
+
+        paired = interleave(baseline, workbench, repeats, warmup)
+    out = paired.summary()
+    # the workbench arm's own clock excludes opening and closing the store (once per run)
+    base_cpu, base_wall = median(paired.baseline), median(paired.baseline_wall)
+    out.update({
+        "model": model.model_id,
+        "samples": n,
+        "repeats": repeats,
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "plain_cpu_per_sample_s": round(base_cpu / n, 6),
+        "plain_wall_per_sample_s": round(base_wall / n, 6),
+        "workbench_cpu_per_sample_s": round(median(wb_cpu) / n, 6),
+        "workbench_wall_per_sample_s": round(median(wb_wall) / n, 6),
+        "ratio": round(median(wb_cpu) / base_cpu, 4),
+        "wall_ratio": round(median(wb_wall) / base_wall, 4),
+        "commits": commits,
+        "commit_interval_s": commit_interval_s,
+    })
+    return out
+
+
+def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 128, repeats: int = 3,
+         workdir: Path | None = None) -> dict[str, Any]:
+    """The tiny models (a fast forward: the proxy for a GPU), and for contrast one commit per
+    forward (`commit_interval_s: 0`, what every result cost before commits were gathered)."""
+    from workbench.models.model import load_model
+
+    out = {}
+    for name in models:
+        model = load_model(name, device="cpu", dtype="float32", attn="sdpa")
+        out[name] = measure(model, n, repeats, workdir=workdir)
+        out[f"{name} | commit per forward"] = measure(model, max(4, n // 16), 2, workdir=workdir,
+                                                      commit_interval_s=0)
+        del model
+    return out
+
+
+def real_size_one(name: str, model: Any, n: int = 2, repeats: int = 2, workdir: Path | None = None) -> dict[str, Any]:
+    return measure(model, n, repeats, workdir=workdir)
