@@ -5,10 +5,12 @@ decode steps included; kv_swap conditions run alone, with a logged reason."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 
 import workbench
@@ -152,8 +154,9 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
 
 
 def test_a_batched_forward_is_one_commit_and_a_rerun_resumes_it(tmp_path):
-    """One forward's results are committed together (all or none): the sweep's 4 rows of each
-    sample are one snapshot, the none-image run another; a rerun stores nothing twice."""
+    """One forward's results are committed together (all or none): the sweep's 4 rows of both
+    samples (one forward of 8 rows) are one snapshot, both none-image runs (one padded forward)
+    another; a rerun stores nothing twice."""
     from workbench.store import store_history
 
     store = tmp_path / "s.zarr"
@@ -172,8 +175,8 @@ store: {{path: {store}}}
     run(text)
     messages = [h["message"] for h in store_history(store)]
     results = [m for m in messages if " | " in m]
-    assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {sample}" for sample in
-                                     ("builtin/counting/000", "builtin/color/001")
+    both = "builtin/counting/000 ... builtin/color/001 (2 samples)"
+    assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {both}"
                                      for names in ("a=1.0 + a=0.5 + a=2.0 + blank", "none")), messages
     summary = run_spec(parse_spec(text), progress=False, log=lambda _: None)
     assert summary.written == 0 and summary.skipped == 10
@@ -185,8 +188,10 @@ VISION_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
 
 @pytest.mark.parametrize("name", VISION_FAMILIES)
 def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
-    """Vision-tower captures and edits in a batched forward: each row's patch rows (an equal block
-    of the tower's tensors) are read and edited on their own; the store equals the unbatched one."""
+    """Vision-tower captures and edits in a batched forward of several samples: each row's patch
+    rows (its block of the tower's tensors: equal blocks, or in proportion to each row's patches
+    where they differ, Qwen's and InternVL's) are read and edited on their own; the store equals
+    the unbatched one."""
     conditions = """
   baseline: {}
   blank: {image: blank}
@@ -199,7 +204,7 @@ def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
         run(f"""\
 name: batching-vision
 models: [{name}]
-data: {{source: builtin, n: 1}}
+data: {{source: builtin, n: 2}}
 conditions:{conditions}
 capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
@@ -207,3 +212,171 @@ store: {{path: {stores[batch]}}}
 """)
     a, _ = assert_stores_match(stores[1], stores[8], name)
     assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
+
+
+# -- rows of different samples in one forward (right padding) ------------------------------------
+
+
+def padded_data(folder: Path) -> Path:
+    """A JSONL source whose questions differ in length (a few tokens to a long one) and whose
+    images differ in size: two 64x64 (every family can stack them: same tiles / patches) and one
+    96x48 (Qwen's flat patches and InternVL's tiles stack; tiled families run it apart)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, size, color in (("a.png", (64, 64), "red"), ("b.png", (64, 64), "blue"), ("c.png", (96, 48), "green")):
+        image = Image.new("RGB", size, color)
+        image.paste(Image.new("RGB", (16, 16), "white"), (8, 8))
+        image.save(folder / name)
+    records = [
+        {"id": "short", "image": "a.png", "question": "Color?"},
+        {"id": "long", "image": "b.png",
+         "question": "Look at the picture carefully and tell me, in one word, which color fills most of it?"},
+        {"id": "wide", "image": "c.png", "question": "What color is the large area of this image?"},
+        {"id": "medium", "image": "a.png", "question": "Which color is the background here?"},
+    ]
+    path = folder / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def padded_conditions(name: str) -> str:
+    """Few conditions per sample (so one forward holds rows of several samples): every
+    intervention kind, a source condition, the image ablations."""
+    width = model_info(name).hidden_size
+    vector = "[" + ", ".join(f"{0.01 * ((i % 5) - 2):.2f}" for i in range(width)) + "]"
+    if not model_info(name).arch.is_multimodal:
+        return f"""
+  baseline: {{}}
+  scaled: {{interventions: [{{kind: scale, site: embed, positions: all, factor: 2.0}}]}}
+  zero: {{interventions: [{{kind: zero, site: layer, layers: [1], positions: [2]}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: [0, 1], from: zero}}]}}"""
+    return f"""
+  baseline: {{}}
+  alpha: {{interventions: [{{kind: scale, site: projector, positions: vision, factor: 0.5}}]}}
+  blank: {{image: blank}}
+  none: {{image: none}}
+  normalize: {{interventions: [{{kind: normalize, site: projector}}]}}
+  addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: text, vector: {vector}}}]}}
+  patch: {{interventions: [{{kind: patch, site: layer, layers: [0], positions: vision, from: blank}}]}}
+  vscale: {{interventions: [{{kind: scale, site: vision, factor: 2.0}}]}}"""
+
+
+def padded_spec(name: str, store: Path, batch_size: int, data: str) -> str:
+    # (a DeepStack family's `projector` edits cannot share a run with the vision sites: the plan
+    # refuses it; test_vision_tower_sites_batch_like_the_rest batches them across samples)
+    arch = model_info(name).arch
+    vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.quirks.get("deepstack") else ""
+    return f"""\
+name: padded-{name}
+models: [{name}]
+data: {data}
+conditions:{padded_conditions(name)}
+capture: {captures_for(name)[:-1]}{vision}]
+generate: {{max_new_tokens: 3}}
+backend: {{batch_size: {batch_size}, dtype: float32, device: cpu}}
+store: {{path: {store}}}
+"""
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_samples_of_different_lengths_share_forwards_and_store_what_they_store_alone(name, tmp_path):
+    """Rows of several samples (different prompt lengths, and image sizes where the family can
+    stack them) in one right-padded forward: the store equals the unbatched one for every capture
+    and intervention kind, decode steps included, labels and all."""
+    data = f"{{source: jsonl, path: {padded_data(tmp_path / 'data')}, n: 3}}"
+    one, batched = tmp_path / "one.zarr", tmp_path / "batched.zarr"
+    run(padded_spec(name, one, 1, data))
+    run(padded_spec(name, batched, 8, data))
+    a, _ = assert_stores_match(one, batched, name)
+    assert len(set(a["n_tokens"].values.tolist())) > 1  # the rows really differ in length
+
+
+def _results_equal(got, expected, what: str, atol: float = 1e-5) -> None:
+    for part in ("tokens", "run", "patches"):
+        mine, theirs = getattr(got, part), getattr(expected, part)
+        assert set(mine) == set(theirs), what
+        for name in theirs:
+            np.testing.assert_allclose(mine[name], theirs[name], rtol=atol, atol=atol, err_msg=f"{what}: {name}")
+
+
+PAD_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
+                "{site: final_norm}, {site: logit_lens, layers: [1]}]")
+
+
+def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
+    """The runner's packing (`_execute_window`), counted with a plain PyTorch hook on the input
+    embedding: 4 builtin samples of one condition, prompts of 4 different lengths and images of
+    different patch counts, run as ONE prompt forward of 4 rows as wide as the longest prompt
+    (so the others were padded), then 2 decode steps of 4 rows; each row's results equal the
+    sample run alone."""
+    from test_interventions import plan_for
+    from tqdm import tqdm
+
+    from workbench.backends.local import run_rows
+    from workbench.data import builtin_samples
+    from workbench.runner import LazyInputs, _execute_window
+
+    model = load_tiny("tiny-qwen3vl", attn="sdpa")
+    plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
+    plan = plan.replace(batch_size=4)
+    samples = [(s, LazyInputs(model, s), list(plan.conditions)) for s in builtin_samples(4)]
+    lengths = [inputs["real"].n_tokens for _, inputs, _ in samples]
+    patches = [inputs["real"].encoding["pixel_values"].shape[0] for _, inputs, _ in samples]
+    assert len(set(lengths)) == 4 and len(set(patches)) > 1, (lengths, patches)
+    shapes = []
+    hook = model.hf.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    try:
+        groups = list(_execute_window(model, samples, plan, tqdm(disable=True)))
+    finally:
+        hook.remove()
+    assert shapes == [(4, max(lengths)), (4, 1), (4, 1)]
+    assert len(groups) == 1 and [entry[0].id for entry in groups[0]] == [s.id for s, _, _ in samples]
+    for sample, inputs, condition, result in groups[0]:
+        alone = run_rows(model, [(inputs, condition)], plan)[0]
+        assert result.tokens["hidden"].shape[0] == inputs["real"].n_tokens  # unpadded
+        _results_equal(result, alone, sample.id)
+
+
+PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(name, marks=pytest.mark.slow)
+                for name in (a.tiny for a in tiny_architectures())]
+
+
+@pytest.mark.parametrize("name", PAD_FAMILIES)
+def test_no_real_token_sees_a_pad(load_tiny, name, tmp_path):
+    """Right-padded rows: the pad positions' embeddings replaced by large random values (a plain
+    PyTorch hook) change nothing any row stores, prompt and decode steps alike. Paligemma and
+    Gemma-3 attend bidirectionally within the prompt (prefix LM) or an image, so their pads must be
+    masked there too."""
+    from test_interventions import plan_for
+
+    from workbench.backends.local import group_rows, run_rows
+    from workbench.data import jsonl_samples
+    from workbench.runner import LazyInputs
+
+    model = load_tiny(name, attn="sdpa")
+    plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
+    condition = plan.conditions[0]
+    jobs = [(LazyInputs(model, s), condition) for s in jsonl_samples(padded_data(tmp_path), 4)]
+    group = next(g for g in group_rows(jobs, 6, model.arch.per_token_keys)
+                 if len({jobs[i][0][condition.image].n_tokens for i in g}) > 1)
+    jobs = [jobs[i] for i in group]
+    lengths = [inputs[condition.image].n_tokens for inputs, _ in jobs]
+    clean = run_rows(model, jobs, plan)
+    generator = torch.Generator().manual_seed(0)
+
+    def noisy_pads(module, args, output):
+        if output.shape[1] == max(lengths):  # the prompt forward: each short row's tail is pads
+            output = output.clone()
+            for r, n in enumerate(lengths):
+                output[r, n:] = 1e3 * torch.randn(output[r, n:].shape, generator=generator)
+        return output
+
+    hook = model.hf.get_input_embeddings().register_forward_hook(noisy_pads)
+    try:
+        noisy = run_rows(model, jobs, plan)
+    finally:
+        hook.remove()
+    for r, (got, expected) in enumerate(zip(noisy, clean)):
+        _results_equal(got, expected, f"{name} row {r} ({lengths[r]} of {max(lengths)} tokens)", atol=1e-6)

@@ -43,7 +43,7 @@ import torch
 
 from .models.protocol import ModelLike
 from .records import Record
-from .sites import batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor
+from .sites import BatchRow, batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor, token_rows
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ class ResidualCapture(Record):
         return [(order("layer", l, 1), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        hidden = batch_rows(residual_envoy(model, layer).input, row)
+        hidden = token_rows(residual_envoy(model, layer).input, row)
         saved.setdefault(("hidden", layer), []).append(to_host(hidden[0]))
 
 
@@ -76,10 +76,17 @@ def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch
     equal to eager's own probabilities, later layers within 2e-7 (their inputs differ by
     sdpa's rounding). Masks: None = causal (queries are the last positions of the keys),
     (batch, key) = causal and a padding mask, 4-D boolean = True where allowed, 4-D additive float
-    = 0 where allowed. `row`: only that batch row (`workbench.sites.batch_rows`)."""
+    = 0 where allowed. `row`: only that batch row (`workbench.sites.batch_rows`); a padded row's
+    queries and keys are cut to its real positions (its pads come after them, see
+    `workbench.sites.BatchRow`), so no probability falls on a pad."""
     _, query, key, _, mask = args[:5]
     query, key = batch_rows(query, row), batch_rows(key, row)
     mask = mask if mask is None else batch_rows(mask, row)
+    length = row.length if isinstance(row, BatchRow) else None
+    if length is not None:  # a prompt forward: queries and keys are both the prompt's positions
+        query, key = query[:, :, :length], key[:, :, :length]
+        if mask is not None and mask.dim() == 4:
+            mask = mask[:, :, :length, :length]
     scaling = kwargs.get("scaling")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -135,7 +142,7 @@ class ModuleOutputCapture(Record):
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        saved.setdefault((self.site, None), []).append(to_host(batch_rows(site_tensor(model, self.site), row)[0]))
+        saved.setdefault((self.site, None), []).append(to_host(token_rows(site_tensor(model, self.site), row)[0]))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
@@ -154,7 +161,7 @@ class LayerOutputCapture(Record):
         return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        tensor = token_rows(site_tensor(model, self.site, layer), row)
         saved.setdefault((self.site, layer), []).append(to_host(tensor[0]))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
@@ -182,7 +189,7 @@ class LogitLensCapture(Record):
         return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        hidden = batch_rows(residual_envoy(model, layer).input, row)[0]
+        hidden = token_rows(residual_envoy(model, layer).input, row)[0]
         norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
         logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
         top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)

@@ -348,9 +348,9 @@ class _Run:
 
     def todo(self, todo: list, writer: Any) -> None:
         model, model_id = None, None
-        for _, group in itertools.groupby(todo, key=lambda t: (t[0].info.model_id, t[1].id)):
-            group = list(group)
-            plan, sample = group[0][0], group[0][1]
+        for _, window in itertools.groupby(todo, key=self._window_key()):
+            window = list(window)
+            plan = window[0][0]
             if plan.info.model_id != model_id:
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
@@ -365,20 +365,53 @@ class _Run:
                 definitions = json.dumps(self.spec.analysis.model_dump(), sort_keys=True)
                 self.store.ensure_model(model_id, {**model.describe(), "definitions": definitions})
                 self.token_texts = TokenTexts(model.tokenizer)
-            inputs_by_image = LazyInputs(model, sample)
-            conditions = [condition for _, _, condition in group]
+                if self.remote_config is None and plan.batch_size > 1:
+                    from .backends.local import unbatched_notes
+
+                    for line in unbatched_notes(model, plan):
+                        self.log(line)
+            # (sample, its inputs, its conditions still to run), in todo order
+            samples = []
+            for _, runs in itertools.groupby(window, key=lambda t: t[1].id):
+                runs = list(runs)
+                samples.append((runs[0][1], LazyInputs(model, runs[0][1]), [c for _, _, c in runs]))
+            sample = samples[0][0]
             if self.first is not None and self.first[0] == (model_id, sample.id):
-                results, self.first = self.first[1], None  # run before the store existed (see run_spec)
+                first, self.first = self.first[1], None  # run before the store existed (see run_spec)
+                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in first)
+            elif self.remote_config is not None:
+                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in _execute_sample(
+                    model, samples[0][1], samples[0][2], plan, self.remote_config, self.bar, self.log))
             else:
-                results = _execute_sample(model, inputs_by_image, conditions, plan, self.remote_config, self.bar,
-                                          self.log)
-            for group in results:  # one forward's results: one store commit
+                results = _execute_window(model, samples, plan, self.bar)
+            for group in results:  # one forward's results (of one sample or several): committed together
                 stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
-                          for condition, result in group]
+                          for sample, inputs_by_image, condition, result in group]
                 with signals_deferred():
                     _signal_drill(self.submitted)
                     writer.put_group(stored)
                     self.submitted += len(stored)
+
+    def _window_key(self) -> Callable[[tuple], tuple]:
+        """The todo entries that may share forwards: per model, consecutive samples holding up to
+        2 x `batch_size` runs locally (a window bounds the inputs held at once and lets
+        `group_rows` pack samples of like shapes), each sample on its own remotely (one NDIF job
+        per sample)."""
+        state = {"model": None, "sample": None, "window": 0, "runs": 0}
+
+        def key(entry: tuple) -> tuple:
+            plan, sample = entry[0], entry[1]
+            room = 2 * max(1, plan.batch_size)
+            if plan.info.model_id != state["model"]:
+                state.update(model=plan.info.model_id, sample=sample.id, window=state["window"] + 1, runs=0)
+            elif sample.id != state["sample"]:
+                state["sample"] = sample.id
+                if self.remote_config is not None or plan.batch_size <= 1 or state["runs"] >= room:
+                    state.update(window=state["window"] + 1, runs=0)
+            state["runs"] += 1
+            return plan.info.model_id, state["window"]
+
+        return key
 
     def _variables(self, model: ClientModel, plan: ModelPlan, sample: Any, inputs_by_image: LazyInputs, condition: Any,
                    result: Any) -> tuple:
@@ -494,6 +527,32 @@ def _load_model(plan: ModelPlan, device: str, dtype: str, attn: str, remote: Any
     return load_remote_model(plan.info, remote, attn=attn, log=log)
 
 
+def _execute_window(model: ClientModel, samples: list[tuple[Any, LazyInputs, list[Any]]], plan: ModelPlan,
+                    bar: Any) -> Any:
+    """Consecutive samples' runs on this machine as forwards of up to `plan.batch_size` rows
+    (`backends.local.group_rows`: rows of one sample or of several, padded where their prompts
+    differ), each forward's results yielded as one group of (sample, inputs, condition, result)
+    before the next forward runs."""
+    from .backends.local import group_rows, pad_requirements, padding_limit, run_rows
+    from .store import fault_point
+
+    jobs = [(sample, inputs_by_image, condition) for sample, inputs_by_image, conditions in samples
+            for condition in conditions]
+    groups = group_rows([(inputs_by_image, condition) for _, inputs_by_image, condition in jobs], plan.batch_size,
+                        model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
+                        bool(model.arch.quirks.get("deepstack")))
+    for group in groups:
+        rows = [jobs[i] for i in group]
+        ids = list(dict.fromkeys(sample.id for sample, _, _ in rows))
+        names = list(dict.fromkeys(condition.name for _, _, condition in rows))
+        bar.set_description(f"{plan.info.model_id} | {ids[0] if len(ids) == 1 else f'{len(ids)} samples'} | "
+                            f"{names[0] if len(names) == 1 else f'{len(names)} conditions'}")
+        results = run_rows(model, [(inputs_by_image, condition) for _, inputs_by_image, condition in rows], plan,
+                           on_trace=fault_point)
+        yield [(sample, inputs_by_image, condition, result)
+               for (sample, inputs_by_image, condition), result in zip(rows, results)]
+
+
 def _execute_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
                     remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
     """One sample's results as groups of (condition, result), a group per store commit: locally
@@ -502,13 +561,8 @@ def _execute_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions:
     written one by one."""
     sample_id = inputs_by_image.sample.id
     if remote is None:
-        from .backends.local import batches, run_batch
-        from .store import fault_point
-
-        for group in batches(inputs_by_image, conditions, plan.batch_size):
-            names = group[0].name if len(group) == 1 else f"{len(group)} conditions"
-            bar.set_description(f"{plan.info.model_id} | {sample_id} | {names}")
-            yield list(zip(group, run_batch(model, inputs_by_image, group, plan, on_trace=fault_point)))
+        for group in _execute_window(model, [(inputs_by_image.sample, inputs_by_image, conditions)], plan, bar):
+            yield [(condition, result) for _, _, condition, result in group]
         return
     from .backends.remote import run_sample
 

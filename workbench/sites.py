@@ -161,17 +161,48 @@ def read_order(name: str, layer: int | None) -> tuple[int, int, int]:
 # -- resolving a site to the live model (inside a trace) ------------------------------------------
 
 
-def batch_rows(tensor: Any, row: tuple[int, int] | None) -> Any:
-    """The rows of batch row `row` = (index, of) in `tensor`, a view (in-place edits reach the
-    forward). Batched runs stack conditions with the same token sequence, so each batch row owns
-    an equal block of a tensor's first dimension: one row of a (batch, seq, dim) stream, or
-    n_vision_tokens rows of Qwen's flat (batch * tokens, dim) merger output. A first dimension
-    of 1 is shared by every row (a broadcast mask). None: the whole tensor (unbatched)."""
+class BatchRow(Record):
+    """Where batch row `index` of a forward of `of` rows lies in its tensors.
+
+    units: each row's share of the image-side tensors' first dim (its `pixel_values` rows: Qwen's
+      flat patches, InternVL's tiles), when rows of different samples differ there; None: every
+      row owns an equal block (one sample's conditions, or samples whose image inputs match).
+    length: the row's real tokens in this forward (rows of different samples are right-padded
+      to the longest: positions 0..length-1 are the row's own, the rest pads); None: every
+      position is the row's (no padding, or a one-token decode step)."""
+
+    _fields = ("index", "of", "units", "length")
+    _defaults = {"units": None, "length": None}
+
+
+def batch_rows(tensor: Any, row: "BatchRow | tuple[int, int] | None") -> Any:
+    """The rows of batch row `row` (a `BatchRow`, or (index, of)) in `tensor`'s first dim, a view
+    (in-place edits reach the forward). A (batch, seq, dim) stream has one row per batch row; an
+    image-side tensor (Qwen's flat (patches or tokens, dim) tower and merger outputs, InternVL's
+    tiles, SmolVLM's tiles of every sample) is the rows' blocks in order, each row's block in
+    proportion to its `units` (patches -> merged tokens keep the proportion: every row's image
+    shrinks by the same merge factor), equal blocks without units. A first dimension of 1 is
+    shared by every row (a broadcast mask). None: the whole tensor (unbatched)."""
     if row is None or tensor.shape[0] == 1:
         return tensor
-    index, of = row
-    block = tensor.shape[0] // of
-    return tensor[index * block:(index + 1) * block]
+    index, of = (row.index, row.of) if isinstance(row, BatchRow) else row
+    units = row.units if isinstance(row, BatchRow) else None
+    if units is None or tensor.shape[0] == of:  # equal blocks; or one row per batch row
+        block = tensor.shape[0] // of
+        return tensor[index * block:(index + 1) * block]
+    n, total = tensor.shape[0], sum(units)
+    start, end = n * sum(units[:index]), n * sum(units[:index + 1])
+    if start % total or end % total:
+        raise ValueError(f"a tensor of {n} rows does not split over batch rows of {list(units)} units")
+    return tensor[start // total:end // total]
+
+
+def token_rows(tensor: Any, row: "BatchRow | tuple[int, int] | None") -> Any:
+    """A (batch, seq, ...) sequence tensor's share of batch row `row`, its pads cut off: (1,
+    length, ...) of the row's real positions (right padding puts them first)."""
+    rows = batch_rows(tensor, row)
+    length = row.length if isinstance(row, BatchRow) else None
+    return rows if length is None else rows[:, :length]
 
 
 def residual_envoy(model: ModelLike, layer: int) -> Any:

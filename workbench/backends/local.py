@@ -29,7 +29,7 @@ from ..interventions import Normalize, apply_rows, needs_source
 from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
-from ..sites import batch_rows, order, position_index
+from ..sites import BatchRow, order, position_index, site, token_rows
 
 
 class RunResult(Record):
@@ -58,10 +58,19 @@ def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[
 
 class Row(Record):
     """One condition's share of a (possibly batched) forward: its inputs, resolved interventions,
-    readers, and whether it wants the last position's log-probabilities."""
+    readers, whether it wants the last position's log-probabilities, and its real tokens in this
+    forward when rows are right-padded to the longest (`length`; None: every position)."""
 
-    _fields = ("inputs", "interventions", "readers", "logits")
-    _defaults = {"interventions": (), "readers": (), "logits": False}
+    _fields = ("inputs", "interventions", "readers", "logits", "length")
+    _defaults = {"interventions": (), "readers": (), "logits": False, "length": None}
+
+
+def _image_units(rows: list[Row]) -> tuple[int, ...] | None:
+    """Each row's `pixel_values` rows where they differ (Qwen's flat patches, InternVL's tiles: the
+    image-side tensors split in that proportion, `workbench.sites.batch_rows`); None: equal blocks."""
+    units = tuple(int(row.inputs.encoding["pixel_values"].shape[0]) if "pixel_values" in row.inputs.encoding else 0
+                  for row in rows)
+    return None if len(set(units)) <= 1 else units
 
 
 def trace(model: ModelLike, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
@@ -86,6 +95,8 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
     and its readers read only that row (`workbench.sites.batch_rows`). Returns each row's saved
     values and, with keep_cache (no `cache` given), the cache the forward built."""
     batched = len(rows) > 1
+    units = _image_units(rows) if batched else None
+    where_of = [BatchRow(r, len(rows), units, row.length) if batched else None for r, row in enumerate(rows)]
     ops = sorted(((key, r, role, item, layer) for r, row in enumerate(rows)
                   for key, role, item, layer in _operations(row.interventions, list(row.readers), row.logits)),
                  key=lambda op: (op[0], op[1]))
@@ -101,7 +112,7 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
                 on_trace("trace")
             edits = []  # interventions at one key, all rows: applied together (see apply_rows)
             for i, (key, r, role, item, layer) in enumerate(ops):
-                where = (r, len(rows)) if batched else None
+                where = where_of[r]
                 if role == "intervene":
                     edits.append((item, rows[r].inputs, layer, where))
                     if i + 1 == len(ops) or ops[i + 1][0] != key or ops[i + 1][2] != role:
@@ -110,7 +121,7 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
                 elif role == "read":
                     item.read(model, layer, saved[r], rows[r].inputs, where)
                 else:
-                    last = batch_rows(model.module(model.arch.lm_head)[0].output, where)[0, -1]
+                    last = token_rows(model.module(model.arch.lm_head)[0].output, where)[0, -1]  # its last real position
                     saved[r][("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
             if cache is None and keep_cache:
                 saved[0]["cache"] = model.lm.output.past_key_values
@@ -129,11 +140,31 @@ def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
     return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
 
 
-def _decode_encoding(model: ModelLike, token: torch.Tensor) -> dict[str, Any]:
-    """Inputs of a one-token decode step, one token per batch row. No attention mask and no
-    position ids: the model counts positions from its cache (Qwen3-VL adds the M-RoPE offset it
-    kept from the prompt); the rows of a batch have equal lengths, so no padding either."""
-    return {"input_ids": token.view(-1, 1).to(model.device)}
+def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.Tensor | None = None,
+                     step: int = 1) -> dict[str, Any]:
+    """Inputs of decode step `step` (>= 1), one token per batch row. Rows of equal length: no
+    attention mask and no position ids, the model counts positions from its cache (Qwen3-VL adds
+    the M-RoPE offset it kept from the prompt).
+
+    Right-padded rows (`prompt_mask`: the prompt forward's (batch, longest) mask): every row's
+    new token sits after the pads in the cache, so the mask hides the pads and the positions are
+    each row's own, n + step - 1 (PaliGemma's are 1-based: `quirks["position_offset"]`). M-RoPE
+    families after a prompt with an image add the rope delta the prompt forward kept per row
+    (`rope_deltas`), as the model does when it counts from the cache (its own mask-based count
+    returns every key's position, not the new token's). Plain (batch, 1) ids: a generated token's
+    M-RoPE components are equal, the model expands them so, and nnsight splits a (3, batch, 1)
+    tensor into 3 rows."""
+    encoding = {"input_ids": token.view(-1, 1).to(model.device)}
+    if prompt_mask is None:
+        return encoding
+    generated = prompt_mask.new_ones(prompt_mask.shape[0], step)
+    encoding["attention_mask"] = torch.cat([prompt_mask, generated], dim=1)
+    positions = prompt_mask.sum(dim=1, keepdim=True) + (step - 1 + int(model.arch.quirks.get("position_offset", 0)))
+    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.quirks.get("mrope") else None
+    if deltas is not None:
+        positions = positions + deltas.to(positions.device)
+    encoding["position_ids"] = positions
+    return encoding
 
 
 def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...],
@@ -175,36 +206,160 @@ def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: Condi
     return tuple(resolved)
 
 
-def batches(inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], batch_size: int) -> list[list[ConditionPlan]]:
-    """`conditions` (one sample's) grouped into forwards of at most `batch_size` rows, in order of
-    their first condition. Rows of one forward share the token sequence and the shape of every
-    input (real and blank image alike), so no padding is needed and each row's tensors are an
-    equal block of the batch. A kv_swap condition runs alone (its cache is edited between a
-    truncated prefill and a decode step of its own)."""
-    groups: dict[Any, list[list[ConditionPlan]]] = {}
-    out: list[list[ConditionPlan]] = []
-    for condition in conditions:
-        if condition.kv_swap is not None or batch_size <= 1:
-            out.append([condition])
-            continue
+PER_TOKEN = ("input_ids", "attention_mask")  # `Architecture.per_token_keys`' default
+
+
+def stack_key(inputs: Any, per_token: tuple = PER_TOKEN, pad_requires: tuple = ()) -> tuple:
+    """What the rows of one forward must share: the names and dtypes of their inputs and, for
+    every input that is not per token, its shape past the first dim (concatenated on the first:
+    SmolVLM/Idefics2 `(1, tiles, C, H, W)` need the same tiles and size, Qwen's flat patches and
+    InternVL's tiles only the same patch shape). Per-token inputs may differ in length: they are
+    right-padded (`stack_encodings`), unless the row lacks an input of `pad_requires` (see
+    `pad_requirements`): then only rows of its length share its forward."""
+    key = tuple((k, str(v.dtype), None if k in per_token else tuple(v.shape[1:]))
+                for k, v in sorted(inputs.encoding.items()))
+    return key if all(k in inputs.encoding for k in pad_requires) else key + (("length", inputs.n_tokens),)
+
+
+def pad_requirements(model: ModelLike) -> tuple:
+    """Inputs a row needs before it can be padded. PaliGemma (prefix LM) without an image has no
+    `token_type_ids`: unpadded, sdpa then runs its prompt with no mask at all (bidirectional, as
+    its attention is not causal), which a padding mask would turn causal (measured: 0.07 apart
+    after one layer), so such rows are batched only with rows of their own length."""
+    return ("token_type_ids",) if model.arch.quirks.get("prefix_lm") else ()
+
+
+def _edit_kinds(condition: ConditionPlan) -> set[str]:
+    """Which of two edits that cannot share a DeepStack forward the condition makes: of the
+    DeepStack mergers' outputs (`projector`, `projector.deepstack`), run inside the vision tower,
+    or of a vision-tower site (`vision`, `vision_layer`), requested before them by stage (the
+    plan refuses both in one condition; rows of one forward are one trace too)."""
+    kinds = set()
+    for item in condition.interventions:
+        if item.site in ("projector", "projector.deepstack"):
+            kinds.add("deepstack")
+        elif site(item.site).access == "patches":
+            kinds.add("patches")
+    return kinds
+
+
+def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token: tuple = PER_TOKEN,
+               max_padded: int | None = None, pad_requires: tuple = (), deepstack: bool = False) -> list[list[int]]:
+    """(inputs by image, condition) jobs, of one sample or of consecutive samples of one model,
+    grouped into forwards of at most `batch_size` rows (job indices, each group in job order).
+
+    Rows of a forward share a `stack_key`; different prompt lengths are padded. A kv_swap job runs
+    alone (its cache is edited between a truncated prefill and a decode step of its own).
+    max_padded: rows of different lengths only up to this many tokens (a sliding-window cache
+    would drop a padded row's real keys in decode steps), else equal lengths only; pad_requires:
+    see `stack_key`; deepstack: the family has DeepStack mergers (`_edit_kinds`: a row editing
+    them and a row editing the tower never share a forward). Groups run in
+    the order they were opened, and a job never joins a group opened before one that already
+    holds its condition: each condition's samples reach the store in job order."""
+    groups: list[dict[str, Any]] = []
+    for i, (inputs_by_image, condition) in enumerate(jobs):
         inputs = inputs_by_image[condition.image]
-        key = (tuple(int(t) for t in inputs.input_ids),
-               tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(inputs.encoding.items())))
-        open_groups = groups.setdefault(key, [])
-        if not open_groups or len(open_groups[-1]) == batch_size:
-            open_groups.append([])
-            out.append(open_groups[-1])
-        open_groups[-1].append(condition)
+        key = None if condition.kv_swap is not None or batch_size <= 1 else stack_key(inputs, per_token, pad_requires)
+        kinds = _edit_kinds(condition) if deepstack else set()
+        target = None
+        for group in (reversed(groups) if key is not None else ()):
+            lengths = group["lengths"] | {inputs.n_tokens}
+            fits = len(lengths) == 1 or max_padded is None or max(lengths) <= max_padded
+            fits = fits and len(group["kinds"] | kinds) < 2
+            if group["key"] == key and len(group["jobs"]) < batch_size and fits:
+                target = group
+                break
+            if condition.name in group["names"]:
+                break
+        if target is None:
+            target = {"key": key, "jobs": [], "names": set(), "lengths": set(), "kinds": set()}
+            groups.append(target)
+        target["jobs"].append(i)
+        target["names"].add(condition.name)
+        target["lengths"].add(inputs.n_tokens)
+        target["kinds"] |= kinds
+    return [group["jobs"] for group in groups]
+
+
+def batches(inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], batch_size: int,
+            per_token: tuple = PER_TOKEN, deepstack: bool = False) -> list[list[ConditionPlan]]:
+    """One sample's `conditions` grouped into forwards of at most `batch_size` rows (`group_rows`):
+    its conditions with an image share one token sequence (real and blank alike), so one
+    sample's rows are never padded."""
+    groups = group_rows([(inputs_by_image, c) for c in conditions], batch_size, per_token, deepstack=deepstack)
+    return [[conditions[i] for i in group] for group in groups]
+
+
+def padding_limit(model: ModelLike, captures: CapturePlan) -> int | None:
+    """The longest padded prompt a forward may hold (`group_rows`' max_padded): decode steps after
+    a right-padded prompt must find every real key in the cache, which a sliding-window layer
+    keeps only for its last `sliding_window` positions. None: no limit."""
+    config = getattr(getattr(model, "hf", None), "config", None)
+    text = config.get_text_config() if config is not None else None
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        window = None  # declared but unused (Qwen2's use_sliding_window: false)
+    if not window or not captures.decoding:
+        return None
+    return int(window) - captures.max_new_tokens - 1
+
+
+def unbatched_notes(model: ModelLike, plan: ModelPlan) -> list[str]:
+    """What `backend.batch_size` keeps out of a shared forward on this model, and why (the
+    runner logs these once per model; kv_swap is logged for the whole spec)."""
+    arch, name = model.arch, model.info.model_id
+    notes = []
+    if arch.is_multimodal:
+        notes.append(f"note: {name}: samples share a forward only where their image inputs stack (the same shape past "
+                     "the first dim: tile count and tile size); others run in forwards of their own")
+    if pad_requirements(model):
+        notes.append(f"note: {name}: runs without an image are batched only with runs of their own length (no "
+                     "token_type_ids: unpadded, sdpa runs the prompt unmasked, which a padding mask would change)")
+    if arch.quirks.get("deepstack"):
+        notes.append(f"note: {name}: a run editing `projector` (DeepStack mergers, inside the vision tower) and one "
+                     "editing vision / vision_layer never share a forward (nnsight serves sites in execution order)")
+    limit = padding_limit(model, plan.capture)
+    if limit is not None:
+        notes.append(f"note: {name}: prompts longer than {limit} tokens are batched only with prompts of their own "
+                     "length (a sliding-window cache would drop a padded row's keys in decode steps)")
+    return notes
+
+
+def stack_encodings(encodings: list[dict[str, Any]], per_token: tuple = PER_TOKEN, pad_id: int = 0) -> dict[str, Any]:
+    """One encoding whose batch rows are `encodings` (sharing a `stack_key`): tensors concatenated
+    on their first dimension (the batch for token inputs, the image, tile or flat patch axis for
+    image inputs: each row keeps its own block, in row order, as the model scatters image features
+    in that order).
+
+    Per-token inputs of different lengths are right-padded to the longest: `input_ids` with
+    `pad_id`, the rest (attention_mask, token_type_ids, mm_token_type_ids) with 0, so pads are
+    masked text. Right, not left: each row's real tokens keep positions 0..n-1, so the position
+    ids the model derives (arange, PaliGemma's 1-based ones, M-RoPE's `get_rope_index` over the
+    unmasked tokens) are the unbatched ones, and under causal attention no real query reaches a
+    pad key (the mask hides them from bidirectional image or prefix blocks too)."""
+    if len(encodings) == 1:
+        return encodings[0]
+    longest = max(int(e["input_ids"].shape[1]) for e in encodings)
+    out = {}
+    for k in encodings[0]:
+        parts = [e[k] for e in encodings]
+        if k in per_token and any(int(p.shape[1]) != longest for p in parts):
+            fill = pad_id if k == "input_ids" else 0
+            parts = [torch.cat([p, p.new_full((p.shape[0], longest - p.shape[1]), fill)], dim=1) for p in parts]
+        out[k] = torch.cat(parts, dim=0)
     return out
 
 
-def stack_encodings(encodings: list[dict[str, Any]]) -> dict[str, Any]:
-    """One encoding whose batch rows are `encodings` (equal shapes): every tensor concatenated on
-    its first dimension, which is the batch for token inputs and the image (or flat patch) axis
-    for image inputs, so each row keeps an equal block."""
-    if len(encodings) == 1:
-        return encodings[0]
-    return {k: torch.cat([e[k] for e in encodings], dim=0) for k in encodings[0]}
+def pad_token_id(model: ModelLike) -> int:
+    """The id right padding fills `input_ids` with (masked, never read): the tokenizer's pad,
+    else its end of sequence, else 0, never the image placeholder (the model would scatter image
+    features into it)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None), 0, 1):
+        if isinstance(candidate, int) and candidate != getattr(model, "image_token_id", None):
+            return candidate
+    return 0
 
 
 def run_conditions(model: ModelLike, inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], plan: ModelPlan,
@@ -212,7 +367,8 @@ def run_conditions(model: ModelLike, inputs_by_image: dict[str, Any], conditions
     """Run one sample's `conditions`, up to `batch_size` of them per forward (`batches`); each
     result equals its unbatched `run_condition` (to float rounding)."""
     results = {}
-    for group in batches(inputs_by_image, conditions, batch_size):
+    for group in batches(inputs_by_image, conditions, batch_size, model.arch.per_token_keys,
+                         bool(model.arch.quirks.get("deepstack"))):
         for condition, result in zip(group, run_batch(model, inputs_by_image, group, plan, on_trace)):
             results[condition.name] = result
     return {c.name: results[c.name] for c in conditions}
@@ -226,22 +382,36 @@ def run_condition(model: ModelLike, inputs_by_image: dict[str, Any], condition: 
 
 def run_batch(model: ModelLike, inputs_by_image: dict[str, Any], group: list[ConditionPlan], plan: ModelPlan,
               on_trace: Any = None) -> list[RunResult]:
-    """The conditions of `group` (one, or several that `batches` put together) in one forward.
+    """The conditions of `group` (one sample's, one, or several that `batches` put together) in
+    one forward."""
+    return run_rows(model, [(inputs_by_image, c) for c in group], plan, on_trace)
+
+
+def run_rows(model: ModelLike, jobs: list[tuple[dict[str, Any], ConditionPlan]], plan: ModelPlan,
+             on_trace: Any = None) -> list[RunResult]:
+    """(inputs by image, condition) jobs, of one sample or several (`group_rows` put them
+    together), as the rows of one forward, right-padded where their prompts differ in length
+    (`stack_encodings`); each result equals its unbatched run (to float rounding).
     Inference mode inside, not as a decorator: the function travels to NDIF by its source."""
     with torch.inference_mode():  # the caches edited between traces are inference tensors
-        if group[0].kv_swap is not None:
-            return [_run_kv_swap(model, inputs_by_image, group[0], plan, on_trace)]
+        if jobs[0][1].kv_swap is not None:
+            return [_run_kv_swap(model, jobs[0][0], jobs[0][1], plan, on_trace)]
         captures = plan.capture
         readers = captures.readers()
+        lengths = [inputs_by_image[c.image].n_tokens for inputs_by_image, c in jobs]
+        padded = len(set(lengths)) > 1
         rows = [Row(inputs_by_image[c.image], _resolve(model, inputs_by_image, c, plan, on_trace), readers,
-                    captures.decoding) for c in group]
+                    captures.decoding, n if padded else None) for (inputs_by_image, c), n in zip(jobs, lengths)]
+        per_token = model.arch.per_token_keys
+        encoding = stack_encodings([row.inputs.encoding for row in rows], per_token,
+                                   pad_token_id(model) if padded else 0)
         model.prepare()
-        saved, cache = trace_rows(model, stack_encodings([row.inputs.encoding for row in rows]), rows,
-                                  keep_cache=True, on_trace=on_trace)
+        saved, cache = trace_rows(model, encoding, rows, keep_cache=True, on_trace=on_trace)
         results = [RunResult() for _ in rows]
         for r, result in enumerate(results):
             _collect_prompt(result, [saved[r]], captures, cache, rows[r].inputs.n_tokens, r)
-        _decode(model, [row.inputs for row in rows], captures, cache, saved, results, on_trace)
+        _decode(model, [row.inputs for row in rows], captures, cache, saved, results, on_trace,
+                encoding["attention_mask"] if padded else None)
         return results
 
 
@@ -295,9 +465,10 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
 
 
 def _decode(model: ModelLike, inputs: list[Any], captures: CapturePlan, cache: Any, last: list[dict],
-            results: list[RunResult], on_trace: Any = None) -> None:
+            results: list[RunResult], on_trace: Any = None, prompt_mask: torch.Tensor | None = None) -> None:
     """Greedy decode of every batch row (`inputs[r]`, `results[r]`): step 0 is the prompt's own
-    prediction (`last[r]`); steps 1.. feed each row's token back, one token per row per step."""
+    prediction (`last[r]`); steps 1.. feed each row's token back, one token per row per step
+    (prompt_mask: the rows were right-padded, see `_decode_encoding`)."""
     if not captures.decoding:
         return
     attention = [captures.attention] if captures.attention else []
@@ -308,7 +479,8 @@ def _decode(model: ModelLike, inputs: list[Any], captures: CapturePlan, cache: A
         if step > 0:
             tokens = torch.stack([torch.as_tensor(int(lp[-1].argmax())) for lp in logprobs])
             step_rows = [Row(x, (), attention, True) for x in inputs]
-            step_saved, _ = trace_rows(model, _decode_encoding(model, tokens), step_rows, cache, on_trace=on_trace)
+            step_saved, _ = trace_rows(model, _decode_encoding(model, tokens, prompt_mask, step), step_rows, cache,
+                                       on_trace=on_trace)
         for r, x in enumerate(inputs):
             logprobs[r].append(step_saved[r][("logprobs", None)][-1])
             if captures.attention:

@@ -301,8 +301,10 @@ class BackendSpec(_Model):
     # commit's fixed cost is paid once per interval); a kill loses at most that much uncommitted
     # work, which the rerun captures again. 0: one commit per forward
     commit_interval_s: NonNegativeFloat = 1.0
-    # conditions of one sample with the same token sequence (an alpha sweep, real vs blank image)
-    # run as the rows of one forward, at most this many; kv_swap conditions run alone
+    # runs per forward, at most: one sample's conditions (an alpha sweep, real vs blank image) and
+    # consecutive samples' runs, right-padded where prompts differ in length; samples whose image
+    # inputs cannot be stacked (tiles, size), kv_swap conditions and remote jobs (one per sample)
+    # run apart (README, "Backend: batches, devices, the writer")
     batch_size: PositiveInt = 1
     # a model larger than one GPU: spread over every visible device by accelerate (captures are
     # gathered to the host as always)

@@ -35,7 +35,8 @@ class Architecture(Record):
     boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
       (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
     text_config: sub-config holding the LLM dims; quirks: per-family flags
-      ("mrope": the model caches `rope_deltas` between forwards, reset before each run)
+      ("mrope": the model caches `rope_deltas` between forwards, reset before each run;
+      "position_offset": the first position id, when not 0: PaliGemma's are 1-based)
     attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
       self-attention forward, whose inputs (q, k, mask) give the attention probabilities
       (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)

@@ -27,7 +27,8 @@ PALIGEMMA = Architecture(
     per_token_keys=("input_ids", "attention_mask", "token_type_ids"),
     # the whole prompt is one bidirectional prefix: kv_swap (prefill n-1 tokens, decode the last)
     # would compute another model; the plan refuses it
-    quirks={"prefix_lm": True},
+    # positions are 1-based (the model adds 1 to the cache index): a padded decode step passes its own
+    quirks={"prefix_lm": True, "position_offset": 1},
     tiny="tiny-paligemma",
     client="tiny_paligemma",
 )
