@@ -67,7 +67,9 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
     import torch
 
     from workbench.data import builtin_samples
+    from workbench.runner import tune_allocator
 
+    tune_allocator()  # as `workbench run` does at start (both arms share the process)
     cuda = str(model.device).startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     samples = builtin_samples(n)
