@@ -348,11 +348,9 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         b.table.rows.append(row)
         return r
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, "Pearson r over layers between a sample's mean text-token curve under the two "
-                              "conditions (norm ‖h_l‖ and cos(h_l, h_0)), averaged over samples.")
-    return table
+    return b.run(models, need, fill, first_note=(
+        "Pearson r over layers between a sample's mean text-token curve under the two "
+        "conditions (norm ‖h_l‖ and cos(h_l, h_0)), averaged over samples."))
 
 
 def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -459,12 +457,10 @@ def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             b.count(model, head_mean["cos_k"].sel(condition=condition))
         return xr.Dataset({"cos_k_by_head": by_head["cos_k"], "cos_v_by_head": by_head["cos_v"]})
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, "Per KV head h: the cosine of the head's head_dim-wide key (value) vector with the same "
-                              "token of the reference, over a sample's vision tokens; the lowest head is the one with "
-                              "the smallest mean over samples. analyses.kv.kv_cosine_heads_per_sample has every layer.")
-    return table
+    return b.run(models, need, fill, first_note=(
+        "Per KV head h: the cosine of the head's head_dim-wide key (value) vector with the same "
+        "token of the reference, over a sample's vision tokens; the lowest head is the one with "
+        "the smallest mean over samples. analyses.kv.kv_cosine_heads_per_sample has every layer."))
 
 
 def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -495,13 +491,11 @@ def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Ta
             rows.append(data.expand_dims(condition=[hybrid]))
         return xr.concat(rows, dim="condition", join="outer")
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, f"z_hybrid: the row's condition. D_KL(z_real ‖ z_blank) is the scale the hybrid KLs read "
-                              f"against (the whole image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the "
-                              "sample as its own donor), which must be 0 up to float round-off (n/a: no such condition "
-                              "stored).")
-    return table
+    return b.run(models, need, fill, first_note=(
+        f"z_hybrid: the row's condition. D_KL(z_real ‖ z_blank) is the scale the hybrid KLs read "
+        f"against (the whole image replaced); D_KL(z_real ‖ z_self) is the control {own!r} (the "
+        "sample as its own donor), which must be 0 up to float round-off (n/a: no such condition "
+        "stored)."))
 
 
 def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -534,13 +528,11 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             b.count(model, row["norm"])
         return data
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, "h_l: the residual stream after l decoder layers (0 = the LLM input). The ratio at "
-                              "layer l is what the l-th decoder layer wrote relative to the stream it read (n/a at "
-                              "layer 0, or where layer l−1 is not stored). Per-token values and massive "
-                              "activations: analyses.depth.")
-    return table
+    return b.run(models, need, fill, first_note=(
+        "h_l: the residual stream after l decoder layers (0 = the LLM input). The ratio at "
+        "layer l is what the l-th decoder layer wrote relative to the stream it read (n/a at "
+        "layer 0, or where layer l−1 is not stored). Per-token values and massive "
+        "activations: analyses.depth."))
 
 
 def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -580,13 +572,11 @@ def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             b.count(model, *(m.sel(decoder_layer=layer) for m in head_mean.values()))
         return xr.Dataset({f"{k}_by_head": v for k, v in by_head.items()} | {f"{k}_head_mean": v for k, v in head_mean.items()})
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, "Text→vision mass: per text query token, the head's prefill attention on vision keys, "
-                              "averaged over the sample's text tokens. Sink: the decode query's attention on the first "
-                              "prompt position. The most vision-attending / largest sink head is the one with the "
-                              "largest mean over samples (its CI beside it).")
-    return table
+    return b.run(models, need, fill, first_note=(
+        "Text→vision mass: per text query token, the head's prefill attention on vision keys, "
+        "averaged over the sample's text tokens. Sink: the decode query's attention on the first "
+        "prompt position. The most vision-attending / largest sink head is the one with the "
+        "largest mean over samples (its CI beside it)."))
 
 
 ATLAS_COLUMNS = ["model", "family", "vision layers ‖v_l‖ (l = 0, 1, …)", "tower output ‖v‖",
@@ -621,13 +611,11 @@ def atlas_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         b.count(model, *(data[n] for n in ("vision_norm", "connector_norm") if n in data))
         return data.drop_vars(["boundary_text", "boundary_id"], errors="ignore").drop_dims("boundary_id", errors="ignore")
 
-    table = b.run(models, lambda ds: _missing(ds, atlas.VARIABLES, (ref,), (0,)), fill)
-    if not table.skipped:
-        table.notes.insert(0, "Mean L2 norms: per sample over its patches (vision tower) or tokens (LLM input), then "
-                              "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
-                              "input embedding table as the embedding module outputs them (the whole vocabulary, no "
-                              "CI: one matrix); rank 1 = the largest row norm of V rows.")
-    return table
+    return b.run(models, lambda ds: _missing(ds, atlas.VARIABLES, (ref,), (0,)), fill, first_note=(
+        "Mean L2 norms: per sample over its patches (vision tower) or tokens (LLM input), then "
+        "over samples. ‖p‖ is the residual stream at layer 0 on vision tokens; ‖e‖ the rows of the "
+        "input embedding table as the embedding module outputs them (the whole vocabulary, no "
+        "CI: one matrix); rank 1 = the largest row norm of V rows."))
 
 
 def _modality_rows(b: _Builder, model: str, data: xr.Dataset, dim: str, measures: tuple[str, ...]) -> None:
@@ -656,12 +644,10 @@ def update_decomposition_table(models: dict[str, xr.Dataset], options: Options) 
         _modality_rows(b, model, data, "decoder_layer", tuple(branches.BRANCHES))
         return data
 
-    table = b.run(models, lambda ds: _missing(ds, branches.VARIABLES, (ref,)), fill)
-    if not table.skipped:
-        table.notes.insert(0, "Decoder layer l reads h_l and adds a_l (attention branch) and m_l (MLP branch) to it: "
-                              "h_(l+1) = h_l + a_l + m_l. Each share is the mean over a sample's tokens of that "
-                              "modality, then over samples. Per-token values: analyses.branches.token_shares.")
-    return table
+    return b.run(models, lambda ds: _missing(ds, branches.VARIABLES, (ref,)), fill, first_note=(
+        "Decoder layer l reads h_l and adds a_l (attention branch) and m_l (MLP branch) to it: "
+        "h_(l+1) = h_l + a_l + m_l. Each share is the mean over a sample's tokens of that "
+        "modality, then over samples. Per-token values: analyses.branches.token_shares."))
 
 
 def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -678,13 +664,11 @@ def logit_lens_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         _modality_rows(b, model, data, "layer", lens.MEASURES)
         return data
 
-    table = b.run(models, lambda ds: _missing(ds, lens.VARIABLES, (ref,)), fill)
-    if not table.skipped:
-        table.notes.insert(0, "Lens at layer l: log_softmax(lm_head(final_norm(h_l))), computed at run time. "
-                              "'top-1 = final': the share of a sample's tokens whose lens top-1 token equals the "
-                              "top-1 at the last stored layer (the model's own prediction when that is layer L); "
-                              "'top-1 p': the lens's top-1 probability. Per-token values: analyses.lens.token_lens.")
-    return table
+    return b.run(models, lambda ds: _missing(ds, lens.VARIABLES, (ref,)), fill, first_note=(
+        "Lens at layer l: log_softmax(lm_head(final_norm(h_l))), computed at run time. "
+        "'top-1 = final': the share of a sample's tokens whose lens top-1 token equals the "
+        "top-1 at the last stored layer (the model's own prediction when that is layer L); "
+        "'top-1 p': the lens's top-1 probability. Per-token values: analyses.lens.token_lens."))
 
 
 def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -713,11 +697,9 @@ def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table
                 b.count(model, row["norm"])
         return data
 
-    table = b.run(models, need, fill)
-    if not table.skipped:
-        table.notes.insert(0, f"Means over a sample's vision tokens, then over samples. cos(h_l, h_l^ref): the same token "
-                              f"(sample, position) of {ref}. Every stored layer; capture all layers in the sweep.")
-    return table
+    return b.run(models, need, fill, first_note=(
+        f"Means over a sample's vision tokens, then over samples. cos(h_l, h_l^ref): the same token "
+        f"(sample, position) of {ref}. Every stored layer; capture all layers in the sweep."))
 
 
 def _categories(models: dict[str, xr.Dataset]) -> list[str]:
