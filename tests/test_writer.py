@@ -138,3 +138,21 @@ def test_closing_writes_everything_queued_without_waiting_out_intervals(tmp_path
             gate.set()
     assert time.monotonic() - start < 30 and writer.commits == 4
     assert len(open_store(tmp_path / "bg.zarr", model=store_drill.MODEL).run_sample) == 4
+
+
+@pytest.mark.parametrize("second", ["shape", "coordinate"])
+def test_results_of_one_commit_must_agree_with_each_other(tmp_path, second):
+    """Gathered results of one new condition are appended as one block: a later result whose
+    per-row shape or coordinate differs from an earlier one in the same commit is refused (not
+    stored under the first one's coordinate), and the store keeps nothing of that commit."""
+    def result(layers, width=2):
+        return {"position": Variable(("token",), np.arange(3)),
+                "hidden": Variable(("token", "layer", "dim"), np.zeros((3, len(layers), width)), {"layer": np.array(layers)})}
+
+    other = result([0, 1], width=3) if second == "shape" else result([0, 2])
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        store.write_samples([("m", "other", "s0", result([0, 1]), None, "")])
+        with pytest.raises(StoreError, match="shape .* does not match|coordinate layer differs"):
+            store.write_samples([("m", "c", "s0", result([0, 1]), None, ""), ("m", "c", "s1", other, None, "")])
+    assert "c" not in set(open_store(tmp_path / "s.zarr", model="m").condition.values)

@@ -511,12 +511,13 @@ class StoreWriter:
             for (model_id, condition), items in by_condition.items():
                 group = self._condition_group(root, model_id, condition, items[0][4] or {})
                 state = self._state(model_id, condition, group)
-                pending = [_staged_rows(group.path, state, sample_id, variables, input_hash)
+                # each result is checked against what is committed and the results before it
+                known = _Layout.of(state)
+                pending = [_staged_rows(group.path, state, sample_id, variables, input_hash, known)
                            for _, _, sample_id, variables, _, input_hash in items]
                 layout = _Layout.of(state)
                 for run in _same_names(pending):
                     block = _concat_rows([p.rows for p in run])
-                    _check_layout(group.path, block, layout.shapes, layout.coords)
                     # every array's create/resize/write in one batch: one trip through zarr's event loop
                     zarr.core.sync.sync(self._append_all(group._async_group, block, layout))
                     layout.advance(block)
@@ -732,8 +733,10 @@ class _Staged:
 
 
 def _staged_rows(where: str, state: _ConditionState, sample_id: str, variables: dict[str, Variable],
-                 input_hash: str) -> _Staged:
-    """A result's variables plus the store's own labels of it (sample, run rows, input hash)."""
+                 input_hash: str, known: _Layout) -> _Staged:
+    """A result's variables plus the store's own labels of it (sample, run rows, input hash),
+    its shapes and coordinates checked against `known` (what the condition holds so far,
+    committed or staged before it in this commit), which then holds it too."""
     if sample_id in state.samples:
         raise StoreError(f"sample {sample_id!r} is already stored for {where}")
     n_tokens = _token_count(variables)
@@ -746,7 +749,8 @@ def _staged_rows(where: str, state: _ConditionState, sample_id: str, variables: 
     if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
         rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id))
         rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
-    shapes = _check_layout(where, rows, state.shapes, state.coords)
+    shapes = _check_layout(where, rows, known.shapes, known.coords)
+    known.advance(rows)
     return _Staged(sample_id, rows, n_tokens, n_patches or 0, shapes)
 
 
@@ -766,11 +770,7 @@ def _concat_rows(parts: list[dict[str, Variable]]) -> dict[str, Variable]:
     if len(parts) == 1:
         return parts[0]
     out = {}
-    for name, first in parts[0].items():
-        tails = {np.shape(p[name].data)[1:] for p in parts}
-        if len(tails) > 1:
-            raise StoreError(f"{name}: results of one commit disagree on its shape per {first.dims[0]}: "
-                             f"{sorted(tails)}")
+    for name, first in parts[0].items():  # shapes and coordinates agree (checked in _staged_rows)
         data = np.concatenate([np.asarray(p[name].data) for p in parts])
         if data.dtype.kind in "US":  # strings: one conversion of the block (zarr writes objects)
             data = data.astype(object)
