@@ -119,8 +119,7 @@ class BackgroundWriter(_Writer):
                 # from the forward's thread (measured: a fifth of a tiny run's wall time)
                 self._cut.wait(max(0.0, self._last_commit + self.commit_interval - time.monotonic()))
                 self._cut.clear()
-            gathered, stop = self._gather(item)
-            size = sum(s for s, _ in gathered)
+            gathered, size, stop = self._gather(item)
             try:
                 if self._error is None:
                     self._write([r for _, results in gathered for r in results], [r for _, r in gathered])
@@ -134,20 +133,21 @@ class BackgroundWriter(_Writer):
             if stop:
                 return
 
-    def _gather(self, first: tuple) -> tuple[list, bool]:
+    def _gather(self, first: tuple) -> tuple[list, int, bool]:
         """`first` and what is queued behind it, up to GATHER_BYTES of captures (or half the
-        queue's bytes); returns them and whether a stop came. With commit_interval 0, `first`
-        alone: a commit per put_group."""
-        gathered = [first]
-        while self.commit_interval > 0 and sum(s for s, _ in gathered) < self._gather_bytes:
+        queue's bytes); returns them, their bytes and whether a stop came. With commit_interval
+        0, `first` alone: a commit per put_group."""
+        gathered, size = [first], first[0]
+        while self.commit_interval > 0 and size < self._gather_bytes:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
             if item is _STOP:
-                return gathered, True
+                return gathered, size, True
             gathered.append(item)
-        return gathered, False
+            size += item[0]
+        return gathered, size, False
 
     def _write(self, results: list[tuple], groups: list[list[tuple]]) -> None:
         """One commit of everything gathered; if the store refuses it (a result it cannot take),
