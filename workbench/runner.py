@@ -289,7 +289,7 @@ def run_spec(
     first = None
     if remote_models and samples and not Path(spec.store.path).exists():
         plan, sample = plans[0], samples[0]
-        first = ((plan.info.model_id, sample.id), _execute_sample(
+        first = ((plan.info.model_id, sample.id), _execute_remote_sample(
             remote_models[plan.info.model_id], LazyInputs(remote_models[plan.info.model_id], sample),
             list(plan.conditions), plan, remote_config, tqdm(disable=True), log))
         first = (first[0], list(first[1]))
@@ -380,7 +380,7 @@ class _Run:
                 first, self.first = self.first[1], None  # run before the store existed (see run_spec)
                 results = ([(sample, samples[0][1], c, r) for c, r in group] for group in first)
             elif self.remote_config is not None:
-                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in _execute_sample(
+                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in _execute_remote_sample(
                     model, samples[0][1], samples[0][2], plan, self.remote_config, self.bar, self.log))
             else:
                 results = _execute_window(model, samples, plan, self.bar)
@@ -553,19 +553,13 @@ def _execute_window(model: ClientModel, samples: list[tuple[Any, LazyInputs, lis
                for (sample, inputs_by_image, condition), result in zip(rows, results)]
 
 
-def _execute_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
-                    remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
-    """One sample's results as groups of (condition, result), a group per store commit: locally
-    one forward (of up to `plan.batch_size` conditions) at a time, each group handed to the
-    writer before the next runs; remotely all in one job (batched the same way there), then
-    written one by one."""
-    sample_id = inputs_by_image.sample.id
-    if remote is None:
-        for group in _execute_window(model, [(inputs_by_image.sample, inputs_by_image, conditions)], plan, bar):
-            yield [(condition, result) for _, _, condition, result in group]
-        return
+def _execute_remote_sample(model: ClientModel, inputs_by_image: LazyInputs, conditions: list[Any], plan: ModelPlan,
+                           remote: Any, bar: Any, log: Callable[[str], None]) -> Any:
+    """One sample's conditions in one remote job (batched there as locally), its results yielded
+    as groups of one (condition, result) each. Local runs go through `_execute_window`."""
     from .backends.remote import run_sample
 
+    sample_id = inputs_by_image.sample.id
     bar.set_description(f"{plan.info.model_id} | {sample_id} | {len(conditions)} condition(s) on {remote.label}")
     results = run_sample(model, inputs_by_image, conditions, plan, remote, log=log,
                          what=f"{plan.info.model_id} | {sample_id}")
