@@ -59,8 +59,9 @@ def tune_allocator() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
+    return (bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+            and bool(libc.mallopt(m_arena_max, 1)))
 
 
 def package_versions() -> dict[str, str | None]:
