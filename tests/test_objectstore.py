@@ -1,0 +1,199 @@
+"""Stores on object storage (s3://bucket/prefix), tested against a real S3-compatible server
+(moto's server mode) on loopback: several writers commit to one store at once, a commit that
+loses the race is re-staged on the new branch tip, resume reads what is committed, and bad URLs
+or endpoints are refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import store_drill
+from test_store import ROOT
+from workbench.cli import main
+from workbench.errors import StoreError, StorePathError
+from workbench.store import StoreWriter, open_store, store_history, store_info, verify_store
+
+BUCKET = "workbench-tests"
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server on a free loopback port, with one bucket; its endpoint URL."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The AWS environment pointing at the loopback server (subprocesses inherit it); returns a
+    fresh store URL per call."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    return lambda name="store": f"s3://{BUCKET}/{name}-{os.getpid()}-{next(_prefixes)}.zarr"
+
+
+def bucket_keys(endpoint: str, prefix: str) -> list[str]:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    return [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+# -- what a result looks like when read back ------------------------------------------------------
+
+
+def per_result(path: str | Path, model: str) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """(condition, sample) -> every per-token and per-run variable and label of that result, read
+    by its labels, so two stores compare whatever order their samples were committed in. Also
+    checks that each result's token rows are contiguous in its condition's arrays."""
+    ds = open_store(path, model=model, index=False).load()
+    out: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    conditions, samples = _words(ds.run_condition.values), _words(ds.run_sample.values)
+    token_conditions, token_samples = _words(ds.condition.values), _words(ds.sample.values)
+    for condition, sample in zip(conditions, samples):
+        key = (condition, sample)
+        assert key not in out, f"{key} stored twice"
+        tokens = np.flatnonzero((token_conditions == condition) & (token_samples == sample))
+        assert len(tokens) and np.all(np.diff(tokens) == 1), f"{key}: token rows not contiguous"
+        runs = np.flatnonzero((conditions == condition) & (samples == sample))
+        result = {}
+        for name, var in ds.variables.items():
+            if var.dims and var.dims[0] == "token":
+                result[name] = _plain(var.values[tokens])
+            elif var.dims and var.dims[0] == "run" and name not in ("run_condition", "run_sample"):
+                result[name] = _plain(var.values[runs])
+        out[key] = result
+    return out
+
+
+def _plain(values: np.ndarray) -> np.ndarray:
+    return _words(values) if values.dtype.kind in "TUO" else values
+
+
+def _words(values: np.ndarray) -> np.ndarray:
+    return np.array([str(v) for v in values], dtype=object)
+
+
+def assert_same_results(a: str | Path, b: str | Path, model: str, atol: float = 0.0) -> int:
+    got, want = per_result(a, model), per_result(b, model)
+    assert sorted(got) == sorted(want)
+    for key, variables in want.items():
+        assert sorted(got[key]) == sorted(variables), key
+        for name, values in variables.items():
+            if values.dtype.kind == "f":
+                np.testing.assert_allclose(got[key][name], values, atol=atol, rtol=0, err_msg=f"{key} {name}")
+            else:
+                np.testing.assert_array_equal(got[key][name], values, err_msg=f"{key} {name}")
+    return len(want)
+
+
+# -- two writers, one store ------------------------------------------------------------------
+
+
+def _declare(store: StoreWriter, spec_name: str) -> None:
+    store.ensure_model(store_drill.MODEL, {"family": "drill", "n_layers": 2, "hidden_size": 128,
+                                           "dtype": "float32", "device": "cpu"})
+    store.add_provenance({"spec_name": spec_name})
+
+
+def _drill_result(c: int, s: int) -> tuple:
+    name, sweep = list(store_drill.CONDITIONS.items())[c]
+    sample, n = store_drill.SAMPLES[s]
+    return (store_drill.MODEL, name, sample, store_drill.sample_variables(c, s, n),
+            {"sweep": sweep, "identity": store_drill.identity(sweep)}, f"input-{s}")
+
+
+def test_a_writer_with_a_stale_layout_appends_after_the_other_writers_rows(s3, tmp_path):
+    """Writer B commits to a condition (and caches its layout), writer A appends to it, B
+    appends again: B must start from the branch tip A left, not its cached row counts (which
+    would overwrite A's rows). Every result is stored once, contiguous, equal to the drill's
+    local store; both provenance records are kept; each writer tags its own run."""
+    url = s3()
+    with StoreWriter(url) as a, StoreWriter(url) as b:
+        assert a.shared and b.shared
+        _declare(a, "writer-a")
+        _declare(b, "writer-b")
+        b.write_samples([_drill_result(0, 0)])                       # creates the store
+        a.write_samples([_drill_result(0, 1), _drill_result(1, 0)])
+        b.write_samples([_prefixed(_drill_result(0, 0), "b/"), _drill_result(1, 1)])   # B's cache is stale
+        tags = {a.finish_run(), b.finish_run()}
+    assert tags == {"run-1", "run-2"}
+    got = per_result(url, store_drill.MODEL)
+    local = tmp_path / "drill.zarr"
+    assert store_drill.run(str(local)) == 0
+    want = per_result(local, store_drill.MODEL)
+    want[("baseline", "b/drill/000")] = want[("baseline", "drill/000")]
+    assert sorted(got) == sorted(want)
+    for key, variables in want.items():
+        for name in ("hidden", "position", "modality", "token_id", "logprobs", "n_tokens", "nonfinite"):
+            np.testing.assert_array_equal(got[key][name], variables[name], err_msg=f"{key} {name}")
+    assert verify_store(url) == []
+    assert store_info(url)["runs"] == 2
+
+
+def test_a_commit_that_loses_the_race_is_retried(s3, tmp_path):
+    """Two writers stage the same condition from the same tip; A commits first, B's commit
+    conflicts (the same arrays' metadata and last chunks) and is re-staged after A's rows."""
+    url = s3()
+    with StoreWriter(url) as a, StoreWriter(url) as b:
+        _declare(a, "writer-a")
+        _declare(b, "writer-b")
+        a.write_samples([_drill_result(0, 0), _drill_result(1, 0)])
+        b.committed_root()  # B knows nothing yet: its first session starts on A's commit
+        # both stage on the same tip: B stages, A commits, then B commits and must retry
+        b_results = [_drill_result(0, 1), _drill_result(1, 1)]
+        original = b._write_once
+        raced = []
+
+        def write_once_racing(results, note=""):
+            if not raced:  # the first try: A commits while B's session is open
+                b._stage()
+                a.write_samples([_prefixed(_drill_result(0, 1), "a/")])
+                raced.append(True)
+            return original(results, note)
+
+        b._write_once = write_once_racing
+        b.write_samples(b_results)
+        assert b.conflicts == 1 and a.conflicts == 0
+    history = store_history(url)
+    assert any(h["message"].endswith("(try 2)") for h in history)
+    got = per_result(url, store_drill.MODEL)
+    assert sorted(got) == sorted([("baseline", "drill/000"), ("alpha=0.5", "drill/000"), ("baseline", "a/drill/001"),
+                                  ("baseline", "drill/001"), ("alpha=0.5", "drill/001")])
+    local = tmp_path / "drill.zarr"
+    assert store_drill.run(str(local)) == 0
+    want = per_result(local, store_drill.MODEL)
+    for key in want:
+        np.testing.assert_array_equal(got[key]["hidden"], want[key]["hidden"])
+        np.testing.assert_array_equal(got[key]["token_id"], want[key]["token_id"])
+    np.testing.assert_array_equal(got[("baseline", "a/drill/001")]["hidden"], want[("baseline", "drill/001")]["hidden"])
+    records = [r["spec_name"] for r in __import__("json").loads(open_store(url, model=store_drill.MODEL).attrs["provenance"])]
+    assert sorted(records) == ["writer-a", "writer-b"]
+    assert verify_store(url) == []
+
+
+def _prefixed(result: tuple, prefix: str) -> tuple:
+    return result[:2] + (prefix + result[2],) + result[3:]
