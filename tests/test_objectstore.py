@@ -6,6 +6,7 @@ or endpoints are refused in one line before anything is written."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import socket
@@ -190,10 +191,105 @@ def test_a_commit_that_loses_the_race_is_retried(s3, tmp_path):
         np.testing.assert_array_equal(got[key]["hidden"], want[key]["hidden"])
         np.testing.assert_array_equal(got[key]["token_id"], want[key]["token_id"])
     np.testing.assert_array_equal(got[("baseline", "a/drill/001")]["hidden"], want[("baseline", "drill/001")]["hidden"])
-    records = [r["spec_name"] for r in __import__("json").loads(open_store(url, model=store_drill.MODEL).attrs["provenance"])]
+    records = [r["spec_name"] for r in json.loads(open_store(url, model=store_drill.MODEL).attrs["provenance"])]
     assert sorted(records) == ["writer-a", "writer-b"]
     assert verify_store(url) == []
 
 
 def _prefixed(result: tuple, prefix: str) -> tuple:
     return result[:2] + (prefix + result[2],) + result[3:]
+
+
+# -- sharded runs through the command line ------------------------------------------------------
+
+SPEC = """\
+name: shards-s3
+models: [{model}]
+data: {{source: builtin, n: {n}}}
+conditions:
+  baseline: {{}}
+  alpha:
+    sweep: {{alpha: [2.0]}}
+    interventions: [{{kind: scale, site: projector, factor: $alpha, positions: vision}}]
+capture: [{{site: layer, layers: all}}]
+store: {{path: {store}}}
+backend: {{device: cpu, dtype: float32, commit_interval_s: 0, write_queue_mb: 0}}
+"""
+
+
+def run_shards_at_once(spec: Path, n: int, *extra: str) -> list[subprocess.CompletedProcess]:
+    """`workbench run SPEC --shard k/n` for every k, all started at once; each one's outcome."""
+    procs = [subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(spec), "--shard", f"{k}/{n}",
+                               "--no-progress", "--no-table", *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(n)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]
+
+
+def test_two_shards_commit_to_one_object_store_and_equal_a_single_local_run(s3, tmp_path):
+    """`run --shard 0/2` and `--shard 1/2` at once, committing per forward to one s3:// store:
+    every (condition, sample) result is stored exactly once, each variable and label equal to a
+    single local run's, `verify` clean; a rerun of the whole spec skips everything."""
+    url = s3("shards")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(model="tiny-smolvlm", n=4, store=url))
+    for done in run_shards_at_once(spec, 2):
+        assert done.returncode == 0, done.stderr
+        assert "into " + url in done.stdout
+    local = tmp_path / "single.zarr"
+    assert main(["run", str(spec), "--store", str(local), "--no-progress", "--no-table"]) == 0
+    assert assert_same_results(url, local, "tiny-smolvlm") == 8
+    assert verify_store(url) == []
+    records = [r.get("shard") for r in json.loads(open_store(url, model="tiny-smolvlm").attrs["provenance"])]
+    assert sorted(records) == [[0, 2], [1, 2]]
+    assert {t for h in store_history(url) for t in h["tags"]} == {"run-1", "run-2"}
+    rerun = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(spec), "--no-progress", "--no-table"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "wrote 0 and skipped 8 of 8" in rerun.stdout
+
+
+# -- bad URLs and endpoints ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///stores/x.zarr", "s3://bucket-only"])
+def test_a_url_without_bucket_or_prefix_is_bad_input(s3, tmp_path, monkeypatch, capsys, url):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(model="tiny-smolvlm", n=1, store=url))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 2
+    err = capsys.readouterr().err
+    assert f"store URL {url!r} needs a bucket and a prefix" in err and "s3://BUCKET/PREFIX" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no local "s3:" folder either
+    with pytest.raises(StorePathError, match="needs a bucket"):
+        open_store(url)
+
+
+def test_an_endpoint_nothing_answers_at_is_refused_at_once(s3, s3_server, tmp_path, monkeypatch, capsys):
+    url = s3()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(model="tiny-smolvlm", n=1, store=url))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"error: cannot reach the object store of {url} at http://127.0.0.1:"), err
+    assert "AWS_ENDPOINT_URL" in err[1]
+    for command in (["info", url], ["verify", url]):
+        assert main(command) == 1
+        assert "cannot reach the object store" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    assert bucket_keys(s3_server, url.split("/", 3)[3]) == []
+
+
+def test_a_missing_bucket_is_named(s3, tmp_path, capsys):
+    url = "s3://no-such-bucket-here/x.zarr"
+    with pytest.raises(StoreError, match="no-such-bucket-here") as err:
+        store_info(url)
+    assert "bucket" in err.value.hint

@@ -440,7 +440,14 @@ class StoreWriter:
         try:
             return ic.Repository.create(_storage(self._real), config=_repo_config())
         except ic.IcechunkError:  # another shard created it first ("only in clean prefixes")
-            return self._open_existing(self._real)
+            import tenacity
+
+            # its files appear before its branch does: wait until it opens
+            for attempt in tenacity.Retrying(stop=tenacity.stop_after_delay(30), reraise=True,
+                                             wait=tenacity.wait_random(0.05, 0.3)):
+                with attempt:
+                    return self._open_existing(self._real)
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def _forget_layout(self) -> None:
         """Drop what this writer knows of committed arrays: another writer moved the branch."""
