@@ -293,3 +293,30 @@ def test_a_missing_bucket_is_named(s3, tmp_path, capsys):
     with pytest.raises(StoreError, match="no-such-bucket-here") as err:
         store_info(url)
     assert "bucket" in err.value.hint
+
+
+@pytest.mark.slow  # ~30 s: three shards of tiny-qwen3vl, one killed and resumed, and a single local run
+def test_a_killed_shard_resumes_into_the_shared_store(s3, tmp_path):
+    """Three shards at once on one s3:// store; shard 1 is killed (SIGKILL) right after its
+    second commit, while the others keep committing. Rerunning shard 1 skips what it committed
+    and stores the rest; the store then equals a single local run, every result once."""
+    url = s3("killed")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(model="tiny-qwen3vl", n=6, store=url))
+    procs = []
+    for k in range(3):
+        env = {**os.environ, **({"WORKBENCH_KILL_AT": "store.commit:2"} if k == 1 else {})}
+        procs.append(subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(spec), "--shard", f"{k}/3",
+                                       "--no-progress", "--no-table"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    codes = [p.wait(timeout=600) for p in procs]
+    assert codes[0] == codes[2] == 0 and codes[1] == -9, [p.communicate() for p in procs]
+    assert len(per_result(url, "tiny-qwen3vl")) == 10  # shards 0 and 2: 2 samples x 2 conditions each; shard 1: 2 commits of 1
+    resumed = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(spec), "--shard", "1/3",
+                              "--no-progress", "--no-table"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "wrote 2 and skipped 2 of 4" in resumed.stdout
+    local = tmp_path / "single.zarr"
+    assert main(["run", str(spec), "--store", str(local), "--no-progress", "--no-table"]) == 0
+    assert assert_same_results(url, local, "tiny-qwen3vl") == 12
+    assert verify_store(url) == []
