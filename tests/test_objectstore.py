@@ -225,10 +225,11 @@ def run_shards_at_once(spec: Path, n: int, *extra: str) -> list[subprocess.Compl
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]
 
 
-def test_two_shards_commit_to_one_object_store_and_equal_a_single_local_run(s3, tmp_path):
+def test_two_shards_commit_to_one_object_store_and_equal_a_single_local_run(s3, tmp_path, monkeypatch, capsys):
     """`run --shard 0/2` and `--shard 1/2` at once, committing per forward to one s3:// store:
     every (condition, sample) result is stored exactly once, each variable and label equal to a
-    single local run's, `verify` clean; a rerun of the whole spec skips everything."""
+    single local run's, `verify` clean, `analyze` reads it; a rerun of the whole spec skips
+    everything."""
     url = s3("shards")
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(model="tiny-smolvlm", n=4, store=url))
@@ -242,10 +243,13 @@ def test_two_shards_commit_to_one_object_store_and_equal_a_single_local_run(s3, 
     records = [r.get("shard") for r in json.loads(open_store(url, model="tiny-smolvlm").attrs["provenance"])]
     assert sorted(records) == [[0, 2], [1, 2]]
     assert {t for h in store_history(url) for t in h["tags"]} == {"run-1", "run-2"}
-    rerun = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(spec), "--no-progress", "--no-table"],
-                           cwd=ROOT, capture_output=True, text=True)
-    assert rerun.returncode == 0, rerun.stderr
-    assert "wrote 0 and skipped 8 of 8" in rerun.stdout
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["analyze", url]) == 0
+    assert "vision" in capsys.readouterr().out
+    assert not (tmp_path / "s3:").exists()  # no analysis cache under a local path named like the URL
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
+    assert "wrote 0 and skipped 8 of 8" in capsys.readouterr().out
 
 
 # -- bad URLs and endpoints ---------------------------------------------------------------------
