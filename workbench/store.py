@@ -2,7 +2,9 @@
 xarray objects.
 
 A store is an **icechunk** repository (Earthmover's transactional storage engine for zarr v3) on
-the local filesystem. Its zarr hierarchy:
+the local filesystem, or on object storage at `s3://bucket/prefix` (`workbench.objectstore`: the
+one place that handles URLs; endpoint and credentials from the AWS_* environment). Its zarr
+hierarchy:
 
     /                                 root attrs: format version, provenance of every run
       <model key>/                    one group per model (models differ in depth and width);
@@ -28,7 +30,15 @@ Guarantees.
 - No silent mixing: a condition's identity (resolved interventions, data source and seed, capture
   layout) and a model's (revision, dtype, device kind) are stored; a resume whose identity differs
   is refused, as is a sample whose input changed under the same id.
-- One writer at a time (a lock file beside the store, on its real path); any number of readers.
+- One writer at a time on a local store (a lock file beside the store, on its real path); any
+  number of readers.
+- Several writers on an object store (shards: `workbench run SPEC --shard k/N` with an s3:// store):
+  no lock; icechunk refuses a commit whose branch moved since its session began, and the writer
+  re-stages it on the new tip (`StoreWriter.write_samples`: the touched conditions' layout and the
+  provenance list are read again) and retries with a random back-off. A session that starts on a
+  tip this writer did not commit drops every cached layout first, so a stale row count never
+  overwrites another writer's rows. Run tags are per writer and nothing is compacted (see
+  `finish_run`).
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
