@@ -163,21 +163,10 @@ def test_a_commit_that_loses_the_race_is_retried(s3, tmp_path):
         _declare(a, "writer-a")
         _declare(b, "writer-b")
         a.write_samples([_drill_result(0, 0), _drill_result(1, 0)])
-        b.committed_root()  # B knows nothing yet: its first session starts on A's commit
-        # both stage on the same tip: B stages, A commits, then B commits and must retry
         b_results = [_drill_result(0, 1), _drill_result(1, 1)]
-        original = b._write_once
-        raced = []
-
-        def write_once_racing(results, note=""):
-            if not raced:  # the first try: A commits while B's session is open
-                b._stage()
-                a.write_samples([_prefixed(_drill_result(0, 1), "a/")])
-                raced.append(True)
-            return original(results, note)
-
-        b._write_once = write_once_racing
-        b.write_samples(b_results)
+        b._stage()  # B's session opens on A's commit...
+        a.write_samples([_prefixed(_drill_result(0, 1), "a/")])  # ...which A moves on before B commits
+        b.write_samples(b_results)  # staged on the old tip first: refused, then re-staged on the new one
         assert b.conflicts == 1 and a.conflicts == 0
     history = store_history(url)
     assert any(h["message"].endswith("(try 2)") for h in history)

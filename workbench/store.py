@@ -64,8 +64,8 @@ import xarray as xr
 import zarr
 
 from .errors import StoreError, StorePathError
-from .objectstore import ObjectStore, location
 from .names import PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
+from .objectstore import ObjectStore, location
 
 STORE_FORMAT = 2
 BRANCH = "main"
@@ -147,7 +147,7 @@ def _icechunk() -> Any:
 
 def _storage(path: Path | ObjectStore) -> Any:
     if isinstance(path, ObjectStore):
-        _icechunk()
+        _icechunk()  # its logs filtered, as for a local store
         return path.storage()
     return _icechunk().local_filesystem_storage(str(path))
 
@@ -452,8 +452,10 @@ class StoreWriter:
         except ic.IcechunkError:  # another shard created it first ("only in clean prefixes")
             import tenacity
 
-            # its files appear before its branch does: wait until it opens
+            # its files appear before its branch does: wait until it opens (a foreign repository
+            # there is refused at once)
             for attempt in tenacity.Retrying(stop=tenacity.stop_after_delay(30), reraise=True,
+                                             retry=tenacity.retry_if_not_exception_type(StorePathError),
                                              wait=tenacity.wait_random(0.05, 0.3)):
                 with attempt:
                     return self._open_existing(self._real)
