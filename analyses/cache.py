@@ -63,8 +63,11 @@ class MissingInputs(LookupError):
 
 def open_model(store: str | Path, model: str) -> xr.Dataset:
     """`workbench.open_store(store, model=model)`, remembering the store so analyses cache there."""
+    from workbench.objectstore import is_url
+
     ds = open_store(store, model=model)
-    ds.attrs[STORE_ATTR] = str(Path(store).resolve())
+    if not is_url(store):  # the cache is a folder beside a local store; an object store's analyses are not cached
+        ds.attrs[STORE_ATTR] = str(Path(store).resolve())
     return ds
 
 

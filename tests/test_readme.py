@@ -28,6 +28,11 @@ EXPECTED = {
     "make test-slow": ("skip", "runs this test suite itself"),
     "workbench run specs/depth_norms.yaml": ("error", "meta-llama/Llama-3.1-8B needs the hub and NDIF"),
     "workbench run specs/norm_gap.yaml --remote": ("error", "the study's models need the hub"),
+    "workbench run specs/demo.yaml --store s3://my-bucket/stores/demo.zarr --shard 0/2": (
+        "skip", "needs an S3 server: tests/test_objectstore.py runs these against moto on loopback"),
+    "workbench run specs/demo.yaml --store s3://my-bucket/stores/demo.zarr --shard 1/2": (
+        "skip", "needs an S3 server: tests/test_objectstore.py runs these against moto on loopback"),
+    "workbench info s3://my-bucket/stores/demo.zarr": ("skip", "needs an S3 server, as above"),
     "workbench ndif status": ("unreachable", "NDIF's host cannot be reached from here"),
     "workbench run specs/demo.yaml --remote http://127.0.0.1:8000": ("no key", "no server there and no NDIF_API_KEY here"),
 }

@@ -118,7 +118,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"store {info['path']}  ({info['runs']} run(s) recorded, snapshot {info['snapshot']}, "
-          f"{info['bytes'] / 1e6:.2f} MB on disk)")
+          + (f"{info['bytes'] / 1e6:.2f} MB on disk)" if info["bytes"] is not None else "on object storage)"))
     for model_id, model in info["models"].items():
         print(f"\n{model_id}  [{model.get('family', '?')}, {model.get('n_layers', '?')} layers, "
               f"hidden {model.get('hidden_size', '?')}, {model.get('dtype', '?')} on {model.get('device', '?')}]")
@@ -142,9 +142,14 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def shard_store_path(path: str, shard: tuple[int, int]) -> str:
-    """stores/x.zarr -> stores/x.shard0of4.zarr: each shard writes its own store."""
+    """stores/x.zarr -> stores/x.shard0of4.zarr: each shard writes its own local store. An
+    object store (s3://) is written by every shard at once: its path is kept."""
     from pathlib import Path
 
+    from .objectstore import is_url
+
+    if is_url(path):
+        return path
     p = Path(path)
     return str(p.with_name(f"{p.stem}.shard{shard[0]}of{shard[1]}{p.suffix}"))
 
@@ -220,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
     run.add_argument("--shard", type=_shard, metavar="k/N",
                      help="run samples k, k+N, k+2N, ... into STORE.shardkofN.zarr (N processes or machines share "
-                     "a run; `workbench merge` joins their stores)")
+                     "a run; `workbench merge` joins their stores); with an s3:// store, every shard commits to "
+                     "that one store and no merge is needed")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
     run.add_argument("--remote", nargs="?", const=True, default=None, type=_remote_target, metavar="URL",

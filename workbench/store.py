@@ -2,7 +2,9 @@
 xarray objects.
 
 A store is an **icechunk** repository (Earthmover's transactional storage engine for zarr v3) on
-the local filesystem. Its zarr hierarchy:
+the local filesystem, or on object storage at `s3://bucket/prefix` (`workbench.objectstore`: the
+one place that handles URLs; endpoint and credentials from the AWS_* environment). Its zarr
+hierarchy:
 
     /                                 root attrs: format version, provenance of every run
       <model key>/                    one group per model (models differ in depth and width);
@@ -28,7 +30,15 @@ Guarantees.
 - No silent mixing: a condition's identity (resolved interventions, data source and seed, capture
   layout) and a model's (revision, dtype, device kind) are stored; a resume whose identity differs
   is refused, as is a sample whose input changed under the same id.
-- One writer at a time (a lock file beside the store, on its real path); any number of readers.
+- One writer at a time on a local store (a lock file beside the store, on its real path); any
+  number of readers.
+- Several writers on an object store (shards: `workbench run SPEC --shard k/N` with an s3:// store):
+  no lock; icechunk refuses a commit whose branch moved since its session began, and the writer
+  re-stages it on the new tip (`StoreWriter.write_samples`: the touched conditions' layout and the
+  provenance list are read again) and retries with a random back-off. A session that starts on a
+  tip this writer did not commit drops every cached layout first, so a stale row count never
+  overwrites another writer's rows. Run tags are per writer and nothing is compacted (see
+  `finish_run`).
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
@@ -55,6 +65,7 @@ import zarr
 
 from .errors import StoreError, StorePathError
 from .names import PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
+from .objectstore import ObjectStore, location
 
 STORE_FORMAT = 2
 BRANCH = "main"
@@ -134,13 +145,18 @@ def _icechunk() -> Any:
     return icechunk
 
 
-def _storage(path: Path) -> Any:
+def _storage(path: Path | ObjectStore) -> Any:
+    if isinstance(path, ObjectStore):
+        _icechunk()  # its logs filtered, as for a local store
+        return path.storage()
     return _icechunk().local_filesystem_storage(str(path))
 
 
-def is_store(path: str | Path) -> bool:
+def is_store(path: str | Path | ObjectStore) -> bool:
     """Whether `path` holds an icechunk repository (a workbench store or a foreign one)."""
-    path = Path(path)
+    path = location(path)
+    if isinstance(path, ObjectStore):
+        return path.exists()
     return path.is_dir() and (path / "refs").is_dir() and (path / "snapshots").is_dir()
 
 
@@ -198,10 +214,14 @@ class StoreIOError(StoreError):
 # -- paths --------------------------------------------------------------------------------------
 
 
-def check_store_path(path: str | Path) -> Path:
+def check_store_path(path: str | Path | ObjectStore) -> Path | ObjectStore:
     """The real path a store may be written at, or a StorePathError saying why not: a file, a
-    directory that is not a workbench store, a path inside another store."""
-    path = Path(path)
+    directory that is not a workbench store, a path inside another store. An object store
+    (s3://) only needs an endpoint that answers."""
+    path = location(path)
+    if isinstance(path, ObjectStore):
+        path.check_reachable()
+        return path
     real = Path(os.path.realpath(path))
     if real.exists() and not real.is_dir():
         raise StorePathError(f"store path {path} is a file, not a store",
@@ -309,18 +329,37 @@ def identity_diff(stored: dict[str, Any], now: dict[str, Any], prefix: str = "")
 MODEL_IDENTITY = ("model_id", "architecture", "revision", "dtype", "device_kind", "n_layers", "hidden_size", "vocab_size")
 
 
+class _NoLock:
+    """An object store has no lock: its writers' commits are ordered by icechunk instead."""
+
+    def release(self) -> None:
+        pass
+
+
+class BranchMovedError(StoreError):
+    """Another writer of an object store kept committing first, more often than this writer retries."""
+
+
+# an object store's writer re-stages a commit whose branch moved at most this many times
+COMMIT_TRIES = int(os.environ.get("WORKBENCH_COMMIT_TRIES", 20))
+
+
 class StoreWriter:
-    """The single writer of a store. Use as a context manager; it holds an exclusive lock.
+    """The single writer of a local store (it holds an exclusive lock), or one of several writers
+    of an object store (s3://: no lock; a commit that loses the race is re-staged on the new
+    branch tip and committed again, see `write_samples`). Use as a context manager.
 
     Changes are staged in an icechunk session and committed once per sample (`write_sample`):
     the model and condition groups, the provenance record and the rows appear with the first
     sample that needs them."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | ObjectStore):
+        self.path = location(path)
         real = check_store_path(self.path)
         self._real = real
-        self._lock = _WriterLock(real, self.path)
+        # several processes may write one object store at once (shards); a local store has one writer
+        self.shared = isinstance(real, ObjectStore)
+        self._lock = _NoLock() if self.shared else _WriterLock(real, self.path)
         try:
             # a new store is created with its first commit: a run that fails before any result
             # leaves nothing behind but the lock file
@@ -333,6 +372,10 @@ class StoreWriter:
         self._pending_provenance: list[dict[str, Any]] | None = None
         self._models: dict[str, dict[str, Any]] = {}
         self._states: dict[tuple[str, str], _ConditionState] = {}
+        # the snapshot `_states` describes: a session on another one (another writer committed) rereads them
+        self._tip: str | None = None
+        self.conflicts = 0  # commits re-staged because another writer committed first
+        self._provenance_written: list[dict[str, Any]] = []
         self.commits = 0
         self.compaction_skipped: str | None = None
         self.repairs: list[str] = self._restore_intact_snapshot()
@@ -399,13 +442,38 @@ class StoreWriter:
             return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
         return _root_of(self.repo, self.repo.readonly_session(branch=BRANCH))
 
+    def _create_repo(self) -> Any:
+        ic = _icechunk()
+        if not self.shared:
+            self._real.mkdir(parents=True, exist_ok=True)
+            return ic.Repository.create(_storage(self._real), config=_repo_config())
+        try:
+            return ic.Repository.create(_storage(self._real), config=_repo_config())
+        except ic.IcechunkError:  # another shard created it first ("only in clean prefixes")
+            import tenacity
+
+            # its files appear before its branch does: wait until it opens (a foreign repository
+            # there is refused at once)
+            for attempt in tenacity.Retrying(stop=tenacity.stop_after_delay(30), reraise=True,
+                                             retry=tenacity.retry_if_not_exception_type(StorePathError),
+                                             wait=tenacity.wait_random(0.05, 0.3)):
+                with attempt:
+                    return self._open_existing(self._real)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _forget_layout(self) -> None:
+        """Drop what this writer knows of committed arrays: another writer moved the branch."""
+        self._states.clear()
+
     def _stage(self) -> zarr.Group:
         if self.repo is None:
             with self._io("creating the store"):
-                self._real.mkdir(parents=True, exist_ok=True)
-                self.repo = _icechunk().Repository.create(_storage(self._real), config=_repo_config())
+                self.repo = self._create_repo()
         if self._root is None:
             self._session = self.repo.writable_session(BRANCH)
+            if self._session.snapshot_id != self._tip:
+                self._forget_layout()
+                self._tip = self._session.snapshot_id
             store = self._session.store
             if os.environ.get("WORKBENCH_KILL_AT", "").startswith("store.write:"):
                 store = _FaultStore(store)
@@ -413,10 +481,17 @@ class StoreWriter:
         return self._root
 
     def _commit(self, message: str, results: int = 1) -> str:
-        """Commit what is staged, holding `results` results of this run (counted in `commits`)."""
-        with self._io("committing"):
-            snapshot = self._session.commit(message)
+        """Commit what is staged, holding `results` results of this run (counted in `commits`).
+        BranchMovedError if another writer committed since the session began (nothing committed)."""
+        try:
+            with self._io("committing"):
+                snapshot = self._session.commit(message)
+        except _icechunk().ConflictError:
+            self._session = self._root = None
+            raise BranchMovedError(f"another writer committed to {self.path} while this one wrote {message}",
+                                   hint="rerun the same command to resume") from None
         self._session = self._root = None
+        self._tip = snapshot
         self.commits += results
         fault_point("store.commit")
         return snapshot
@@ -487,6 +562,29 @@ class StoreWriter:
         return self.write_samples([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
 
     def write_samples(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]]) -> str:
+        """`_write_once`, on an object store retried while other writers commit first: each try
+        discards its session, starts one on the new branch tip (which rereads the touched
+        conditions' layout and the root's provenance list), stages the same results again and
+        commits, after a short random wait (at most COMMIT_TRIES tries). Returns the snapshot id."""
+        if not self.shared:
+            return self._write_once(results)
+        import tenacity
+
+        def count(state: tenacity.RetryCallState) -> None:
+            self.conflicts += 1
+
+        # random waits (20 ms doubling, at most 1 s) so that shards that collided do not collide again
+        for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(BranchMovedError), stop=tenacity.stop_after_attempt(COMMIT_TRIES),
+                wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0), before_sleep=count, reraise=True):
+            with attempt:
+                tries = attempt.retry_state.attempt_number
+                # the commit message says it was retried (`workbench info --history`)
+                snapshot = self._write_once(results, note=f" (try {tries})" if tries > 1 else "")
+        return snapshot
+
+    def _write_once(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]],
+                    note: str = "") -> str:
         """Append several results, each (model_id, condition, sample_id, variables,
         condition_attrs, input_hash) as `write_sample` takes them, and commit them together as
         ONE snapshot: stored all or none. A batched forward's results are one commit; the
@@ -525,7 +623,9 @@ class StoreWriter:
                 staged.append((state, pending, metadata))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
-            snapshot = self._commit(what, len(results))
+            snapshot = self._commit(what + note, len(results))
+        if self._pending_provenance is not None:
+            self._provenance_written += self._pending_provenance
         self._pending_provenance = None
         for state, pending, metadata in staged:
             for item in pending:
@@ -600,9 +700,19 @@ class StoreWriter:
         read back with `open_store(path, snapshot="run-<n>")`; then compact: per-sample snapshots
         older than COMPACT_GRACE are expired and the chunks only they referenced deleted (every
         append rewrites the partial last chunk of each array, so old versions pile up).
-        Returns the tag, or None when this run committed nothing."""
+        Returns the tag, or None when this run committed nothing.
+
+        On an object store (several writers) the tag is `run-<n>` with n the position of this
+        run's own provenance record (each shard appends its own, so tags never clash), on this
+        writer's last commit; and nothing is compacted: another writer's open session may be
+        based on a snapshot that expiry would drop, or have written chunks that no snapshot
+        references yet, which garbage collection would delete under it, and no grace period
+        bounds how long a session stays open (a stalled process). Old chunk versions stay
+        until the store is compacted with no writer running."""
         if not self.commits or self.repo is None:
             return None
+        if self.shared:
+            return self._tag_shared_run()
         n = len(self.committed_root().attrs.get("provenance", []))
         tag = RUN_TAG.format(n)
         with self._io("tagging the run"):
@@ -617,6 +727,18 @@ class StoreWriter:
                 if io_failure(err):
                     raise
                 self.compaction_skipped = _short(err)
+        return tag
+
+    def _tag_shared_run(self) -> str | None:
+        records = list(self.committed_root().attrs.get("provenance", []))
+        own = [i for i, r in enumerate(records) if r in self._provenance_written]
+        if not own or self._tip is None:
+            return None
+        tag = RUN_TAG.format(own[-1] + 1)
+        with self._io("tagging the run"):
+            if tag not in self.repo.list_tags():
+                self.repo.create_tag(tag, self._tip)
+        self.compaction_skipped = "an object store is not compacted while writers may be active"
         return tag
 
     def _restore_intact_snapshot(self) -> list[str]:
@@ -915,9 +1037,12 @@ def _snapshot_problem(repo: Any, session: Any = None) -> str | None:
         return _short(err)
 
 
-def _newest_intact_snapshot(path: Path) -> Any:
+def _newest_intact_snapshot(path: Path | ObjectStore) -> Any:
     """The newest snapshot whose metadata reads back, found by listing the repository's snapshot
-    files (the branch ref or its snapshot may be what is damaged)."""
+    files (the branch ref or its snapshot may be what is damaged). Local stores only: an object
+    store's files are not listed."""
+    if isinstance(path, ObjectStore):
+        return None
     ic = _icechunk()
     try:
         repo = ic.Repository.open(_storage(path), config=_repo_config())
@@ -944,10 +1069,10 @@ def _row_samples(group: zarr.Group) -> tuple[np.ndarray, list[str]]:
     return np.cumsum(counts), samples
 
 
-def verify_store(path: str | Path, progress: bool = False) -> list[Damage]:
+def verify_store(path: str | Path | ObjectStore, progress: bool = False) -> list[Damage]:
     """Read every chunk of the committed snapshot and check it (CRC-32C, decompression, presence).
     Returns what is damaged; an empty list means everything read back."""
-    path = Path(path)
+    path = location(path)
     if not is_store(path):
         raise StorePathError(f"no workbench store at {path}")
     try:
@@ -957,7 +1082,7 @@ def verify_store(path: str | Path, progress: bool = False) -> list[Damage]:
     return _verify_repo(repo, path, progress)
 
 
-def _verify_repo(repo: Any, path: Path, progress: bool = False) -> list[Damage]:
+def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False) -> list[Damage]:
     problem = _snapshot_problem(repo)
     if problem is not None:
         intact = _newest_intact_snapshot(path)
@@ -1006,7 +1131,7 @@ PATCH_PREFIX = "patch_"  # per-patch labels (vision-tower rows, dim PATCH_DIM), 
 
 
 @contextlib.contextmanager
-def _reading(path: Path) -> Iterator[None]:
+def _reading(path: Path | ObjectStore) -> Iterator[None]:
     """Metadata that does not parse (a damaged file) becomes a StoreError that points to verify."""
     try:
         yield
@@ -1019,10 +1144,10 @@ def _reading(path: Path) -> Iterator[None]:
                          hint=f"run `workbench verify {path}` to see what is damaged") from None
 
 
-def _read_session(path: Path, snapshot: str | None = None) -> tuple[Any, Any]:
+def _read_session(path: Path | ObjectStore, snapshot: str | None = None) -> tuple[Any, Any]:
     """A read-only session on the committed state (the branch), a tag (`run-3`) or a snapshot id."""
     if not is_store(path):
-        if (path / "zarr.json").is_file():
+        if isinstance(path, Path) and (path / "zarr.json").is_file():
             raise StorePathError(f"{path} is a store in the old format (plain zarr); this workbench reads format "
                                  f"{STORE_FORMAT}", hint="rerun its spec into a new store")
         raise StorePathError(f"no workbench store at {path}")
@@ -1083,8 +1208,8 @@ def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
 
 
 def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
-    with _reading(Path(path)):
-        root = _root_of(*_read_session(Path(path), snapshot))
+    with _reading(location(path)):
+        root = _root_of(*_read_session(location(path), snapshot))
         return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
 
 
@@ -1150,11 +1275,11 @@ def open_store(path: str | Path, model: str | None = None, *, snapshot: str | No
     `index=False` leaves the labels as plain coordinates (no MultiIndex): then `groupby` over
     several labels, `query`, `to_netcdf` and `to_zarr` work as on any Dataset (select with
     `ds.where(...)` or `ds.isel(token=mask)` instead of `.sel`)."""
-    with _reading(Path(path)):
-        return _open(Path(path), model, snapshot, index)
+    with _reading(location(path)):
+        return _open(location(path), model, snapshot, index)
 
 
-def _open(path: Path, model: str | None, snapshot: str | None, index: bool = True) -> xr.DataTree | xr.Dataset:
+def _open(path: Path | ObjectStore, model: str | None, snapshot: str | None, index: bool = True) -> xr.DataTree | xr.Dataset:
     repo, session = _read_session(path, snapshot)
     root = _root_of(repo, session)
     if model is not None:
@@ -1171,7 +1296,7 @@ def _open(path: Path, model: str | None, snapshot: str | None, index: bool = Tru
 
 def store_history(path: str | Path) -> list[dict[str, Any]]:
     """Every snapshot of the store's branch, newest first: id, time, message, tags."""
-    repo, _ = _read_session(Path(path))
+    repo, _ = _read_session(location(path))
     tags: dict[str, list[str]] = {}
     for tag in repo.list_tags():
         tags.setdefault(repo.lookup_tag(tag), []).append(tag)
@@ -1182,11 +1307,11 @@ def store_history(path: str | Path) -> list[dict[str, Any]]:
 def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
     """What a store holds: per model and condition, samples, tokens, variables, layers and
     identity, read from its last commit (or `snapshot`)."""
-    with _reading(Path(path)):
-        return _info(Path(path), snapshot)
+    with _reading(location(path)):
+        return _info(location(path), snapshot)
 
 
-def _info(path: Path, snapshot: str | None) -> dict[str, Any]:
+def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
     repo, session = _read_session(path, snapshot)
     root = _root_of(repo, session)
     info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", [])),
@@ -1217,5 +1342,7 @@ def _info(path: Path, snapshot: str | None) -> dict[str, Any]:
     return info
 
 
-def _disk_bytes(path: Path) -> int:
+def _disk_bytes(path: Path | ObjectStore) -> int | None:
+    if isinstance(path, ObjectStore):
+        return None  # not listed: the bucket's own tools tell its size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
