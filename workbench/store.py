@@ -42,9 +42,7 @@ Guarantees.
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
-holds bf16 values exactly, and those compress to ~0.45 (two zero bytes a value); captures that
-do not compress (a fp32 model's: random low mantissa bits) are stored without Blosc, decided per
-array from its first block (`_compresses`), since encoding them cost CPU for ~10 % of bytes. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
+holds bf16 values exactly. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
 per-layer reductions stream.
 """
 
@@ -948,29 +946,13 @@ def _commit_message(results: list[tuple]) -> str:
     return f"{joined([r[0] for r in results])} | {joined([r[1] for r in results])} | {which}"
 
 
-# Blosc is kept where it stores at most this share of the bytes (bf16-valued captures: ~0.45)
-COMPRESS_RATIO = 0.8
-
-
-def _compresses(data: np.ndarray, probe_values: int = 1 << 16) -> bool:
-    """Whether lz4 + shuffle pays on these float captures: up to 256 KB of their first values,
-    as float32, encoded once (~1 ms at array creation)."""
-    from numcodecs import Blosc
-
-    probe = np.ascontiguousarray(np.asarray(data).reshape(-1)[:probe_values], dtype=np.float32)
-    if probe.size == 0:
-        return True
-    encoded = Blosc(cname="lz4", clevel=1, shuffle=Blosc.SHUFFLE).encode(probe)
-    return len(encoded) <= COMPRESS_RATIO * probe.nbytes
-
-
 def _array_layout(name: str, var: Variable) -> dict[str, Any]:
     """create_array keywords of a new variable: dtype, chunks, codecs (checksum last)."""
     data = np.asarray(var.data)
     dtype = _storage_dtype(data)
     itemsize = 4 if dtype is str else np.dtype(dtype).itemsize
     compressors: list[Any] = []
-    if dtype is not str and np.dtype(dtype).kind == "f" and _compresses(data):
+    if dtype is not str and np.dtype(dtype).kind == "f":
         compressors.append(zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"))
     compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
     return {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
