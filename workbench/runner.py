@@ -378,15 +378,18 @@ class _Run:
             for _, runs in itertools.groupby(window, key=lambda t: t[1].id):
                 runs = list(runs)
                 samples.append((runs[0][1], LazyInputs(model, runs[0][1]), [c for _, _, c in runs]))
-            sample = samples[0][0]
+            sample, inputs_by_image, conditions = samples[0]  # remotely, a window is one sample
             if self.first is not None and self.first[0] == (model_id, sample.id):
-                first, self.first = self.first[1], None  # run before the store existed (see run_spec)
-                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in first)
+                pairs, self.first = self.first[1], None  # run before the store existed (see run_spec)
             elif self.remote_config is not None:
-                results = ([(sample, samples[0][1], c, r) for c, r in group] for group in _execute_remote_sample(
-                    model, samples[0][1], samples[0][2], plan, self.remote_config, self.bar, self.log))
+                pairs = _execute_remote_sample(model, inputs_by_image, conditions, plan, self.remote_config,
+                                               self.bar, self.log)
             else:
+                pairs = None
+            if pairs is None:
                 results = _execute_window(model, samples, plan, self.bar)
+            else:  # groups of (condition, result) of that one sample
+                results = ([(sample, inputs_by_image, c, r) for c, r in group] for group in pairs)
             for group in results:  # one forward's results (of one sample or several): committed together
                 stored = [self._variables(model, plan, sample, inputs_by_image, condition, result)
                           for sample, inputs_by_image, condition, result in group]
