@@ -40,13 +40,13 @@ SIZES = {
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                 overhead=(128, 3), overhead_real=(2, 2)),
+                 overhead=(128, 3), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                  overhead=(128, 3), overhead_real=(2, 2)),
+                  overhead=(128, 3), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,
-                  overhead=(4, 1), overhead_real=(1, 1)),
+                  overhead=(4, 1), overhead_real=(1, 1), resume=dict(samples=4, shape=(64, 3, 128), repeats=1)),
 }
 
 
@@ -119,13 +119,13 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         out: Path | None = RESULTS / "latest.json", readme: Path | None = README, log: Callable[[str], None] = print,
         workdir: Path | None = None) -> dict[str, Any]:
     """Run the chosen sections; return (and write) the results."""
-    from . import analyses_bench, capture, memory_bench, merge_bench, overhead, store_write
+    from . import analyses_bench, capture, memory_bench, merge_bench, overhead, resume_check, store_write
 
     _quiet()
     pin_threads(threads)
     size = SIZES[mode]
     real_size = (mode == "full") if real_size is None else real_size
-    sections = sections or ("overhead", "capture", "store", "merge", "sweep", "analyses", "memory", "remote")
+    sections = sections or ("overhead", "capture", "store", "merge", "resume", "sweep", "analyses", "memory", "remote")
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -165,6 +165,9 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
             save()
     if "merge" in sections:
         _section(sec, "merge", lambda: merge_bench.measure(**size["merge"], workdir=workdir), log)
+        save()
+    if "resume" in sections:
+        _section(sec, "resume", lambda: resume_check.measure(**size["resume"], workdir=workdir), log)
         save()
     if "sweep" in sections:
         _section(sec, "sweep", lambda: sweep_section(size["sweep"], workdir), log)
@@ -322,6 +325,16 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             f"copy {_fmt_s(mg['copy_cpu_s'])}", f"merge {_fmt_s(mg['merge_cpu_s'])} ({mg['merge_mb_per_s']:.0f} MB/s wall)",
                             mg["ratio"], mg["wall_ratio"], mg["noise"], "— (informational)", None,
                             "merge decodes and re-encodes every chunk (one commit per sample); a copy moves bytes"))
+    rc = sec.get("resume")
+    if rc is not None:
+        if rc.get("status") == "error":
+            out.append(_error_row("6", "run start check", "", rc))
+        else:
+            out.append(_row("6", "run start check: chunks since the last check / every chunk",
+                            f"{rc['samples']} samples of {'×'.join(map(str, rc['shape']))} ({rc['store_mb']:.0f} MB stored)",
+                            f"every chunk {_fmt_s(rc['every_chunk_cpu_s'])}", f"since the check {_fmt_s(rc['since_check_cpu_s'])}",
+                            rc["ratio"], rc["wall_ratio"], rc["noise"], "— (informational)", None,
+                            "one sample committed since the check; the full read grows with the store"))
     for name, data in [("analyses_tiny", sec.get("analyses_tiny"))] + [
             (n, d.get("analyses")) for n, d in sec.items() if n.startswith("real:")]:
         if data is None:
@@ -461,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-size", dest="real_size", action="store_true", default=None,
                         help="also the real-size random-weight models (default unless --quick)")
     parser.add_argument("--no-real-size", dest="real_size", action="store_false")
-    parser.add_argument("--sections", default="overhead,capture,store,merge,sweep,analyses,memory,remote",
-                        help="comma-separated subset of overhead,capture,store,merge,sweep,analyses,memory,remote")
+    parser.add_argument("--sections", default="overhead,capture,store,merge,resume,sweep,analyses,memory,remote",
+                        help="comma-separated subset of overhead,capture,store,merge,resume,sweep,analyses,memory,remote")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="results JSON")
     parser.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")

@@ -29,7 +29,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# Benchmarks\n\nhand-written text\n\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n\ntail\n")
     out = tmp_path / "latest.json"
-    bench.run("smoke", real_size=False, sections=("overhead", "capture", "store", "merge", "sweep", "analyses", "memory"), out=out,
+    bench.run("smoke", real_size=False, sections=("overhead", "capture", "store", "merge", "resume", "sweep", "analyses", "memory"), out=out,
               readme=readme, log=lambda _: None, workdir=tmp_path)
 
     data = json.loads(out.read_text())
@@ -39,7 +39,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert {"cpu", "cores", "ram_gb", "versions"} <= set(m) and {"torch", "nnsight"} <= set(m["versions"])
 
     sec = data["sections"]
-    assert set(sec) == {"overhead_tiny", "capture_tiny", "store", "merge", "sweep", "analyses_tiny", "memory_tiny"}
+    assert set(sec) == {"overhead_tiny", "capture_tiny", "store", "merge", "resume", "sweep", "analyses_tiny", "memory_tiny"}
     ov = sec["overhead_tiny"]
     assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward"}
     assert ov["tiny-qwen3vl"]["samples"] == 4 and _number(ov["tiny-qwen3vl"]["ratio"]) and _number(ov["tiny-qwen3vl"]["wall_ratio"])
@@ -49,6 +49,8 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
         assert _number(sec["sweep"][name]["batching_speedup"]) and sec["sweep"][name]["samples"] == 1
     mg = sec["merge"]
     assert mg["shards"] == 2 and mg["results"] == 4 and _number(mg["ratio"]) and mg["merge_cpu_s"] > 0
+    rc = sec["resume"]
+    assert rc["samples"] == 5 and _number(rc["ratio"]) and rc["every_chunk_cpu_s"] > 0 and rc["since_check_cpu_s"] > 0
     for name, section in sec.items():
         assert section.get("status") != "error", (name, section.get("reason"), section.get("traceback"))
 

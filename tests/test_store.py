@@ -5,6 +5,7 @@ failures that keep what was committed."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -217,6 +218,82 @@ def test_runner_rerun_recaptures_a_damaged_condition(tmp_path, workbench_cache):
     assert_same_store(store, pristine, ("tiny-llama",))
 
 
+def _flip_keeping_stat(file: Path) -> bytes:
+    """A bit flip that keeps the file's size and mtime (what bit rot looks like); returns the
+    original bytes."""
+    stat, data = file.stat(), file.read_bytes()
+    _flip(file)
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return data
+
+
+def _restore(file: Path, data: bytes) -> None:
+    stat = file.stat()
+    file.write_bytes(data)
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_run_start_reads_only_the_chunks_committed_since_its_last_check(tmp_path, workbench_cache, capsys):
+    """A run's start records what it checked (`<store>.verified`); the next start reads only the
+    chunks committed since, unless a recorded file changed. Shown by damage that keeps size and
+    mtime: in a chunk written since the check it is found (and the run repairs it); in an older
+    chunk it is not read (`workbench verify` reads everything and finds it), until the file's
+    mtime says it was touched: then the start reads every chunk again."""
+    from workbench import verified
+    from workbench.store import StoreWriter
+
+    store = tmp_path / "run.zarr"
+    spec = write_llama_spec(tmp_path, store)
+    assert main(["run", str(spec), "--no-progress", "--no-table", "--limit", "1"]) == 0
+    assert verified.load(store) is None  # a new store: nothing was checked at its start
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0  # checks all, records, adds sample 2
+    ledger = verified.load(store)
+    assert ledger is not None and set(ledger.files) <= set(verified.file_stats(store))
+    pristine = tmp_path / "pristine.zarr"
+    shutil.copytree(store, pristine)
+    new = [f for f in _chunk_files(store) if f"chunks/{f.name}" not in ledger.files]
+    old = [f for f in _chunk_files(store) if f"chunks/{f.name}" in ledger.files]
+    assert new and old
+
+    # damage in a chunk committed since the check: read, found, and repaired by the run
+    newest = new[0]  # the largest: a hidden-state chunk of the second run
+    original = _flip_keeping_stat(newest)
+    with StoreWriter(store) as writer:
+        found = writer.damage_since_check()
+    assert writer.checked.startswith("the ") and "since the last check" in writer.checked
+    assert [d.variable for d in found] == ["hidden"], found
+    _restore(newest, original)
+
+    # the same damage in an older chunk that the snapshot still uses: not read at the start
+    referenced = None
+    for file in old:
+        before = file.stat()
+        original = _flip_keeping_stat(file)
+        if verify_store(store):
+            referenced = file
+            break
+        _restore(file, original)
+    assert referenced is not None, "no chunk of the first run is still in use"
+    with StoreWriter(store) as writer:
+        assert writer.damage_since_check() == [] and "since the last check" in writer.checked
+    # a changed mtime (the file was touched): every chunk is read and the damage found
+    os.utime(referenced)
+    with StoreWriter(store) as writer:
+        found = writer.damage_since_check()
+    assert writer.checked == "every chunk" and found
+    _restore(referenced, original)
+    os.utime(referenced, ns=(before.st_atime_ns, before.st_mtime_ns))  # as recorded again
+
+    # through `workbench run`: the fresh damage is found by the incremental check and repaired
+    _flip_keeping_stat(newest)
+    capsys.readouterr()
+    assert main(["run", str(spec), "--no-progress", "--no-table", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "store check: read the " in err and "since the last check" in err and "repaired: tiny-llama/" in err, err
+    assert verify_store(store) == []
+    assert_same_store(store, pristine, ("tiny-llama",))
+
+
 # -- no silent mixing ------------------------------------------------------------------------
 
 LLAMA_SPEC = """\
@@ -416,11 +493,14 @@ def test_a_read_only_disk_stops_with_a_message(tmp_path, small_tmpfs, mixing_sto
 def test_a_file_size_limit_stops_with_a_message(tmp_path, workbench_cache):
     import resource
 
+    from workbench.models.tiny import tiny_model_dir
+
+    tiny_model_dir("tiny-llama")  # built beforehand: its weights are over the limit
     store = tmp_path / "store.zarr"
     spec = write_llama_spec(tmp_path, store)
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))  # under the largest chunk (~38 KB)
 
     done = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(spec), "--no-progress", "--no-table"],
                           cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=300)

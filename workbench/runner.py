@@ -299,6 +299,7 @@ def run_spec(
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
         summary.repairs = store.repairs + store.repair({s.id for s in samples})
+        _LOG.debug(f"store check: read {store.checked}")
         for repair in summary.repairs:
             log(f"repaired: {repair}")
         hashes = {s.id: input_hash(s) for s in samples}

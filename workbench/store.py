@@ -42,7 +42,7 @@ Guarantees.
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
-holds bf16 values exactly. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
+holds bf16 values exactly. Chunks: ~512 KiB, one layer per chunk, the whole hidden dimension, so
 per-layer reductions stream.
 """
 
@@ -65,6 +65,7 @@ import zarr
 
 from .errors import StoreError, StorePathError
 from .names import PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
+from . import verified
 from .objectstore import ObjectStore, location
 
 STORE_FORMAT = 2
@@ -73,7 +74,11 @@ RUN_TAG = "run-{}"
 # a reader holding a snapshot younger than this keeps working through a writer's compaction
 COMPACT_GRACE = _dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 600)))
 MODALITIES = ("vision", "boundary", "text")
-_CHUNK_BYTES = 2 * 1024 * 1024
+# ~512 KiB of rows per chunk: every commit re-encodes and rewrites each array's partial last
+# chunk, so at real size (a few hundred tokens per sample, 8 KiB rows) 2 MiB chunks nearly doubled
+# the bytes a sample's write encodes; Qwen3-VL-2B dims, alternating A/B: 1.09 / 1.12 of the plain
+# loop with 2 MiB, 1.03 / 1.05 with 512 KiB (tiny models: no difference)
+_CHUNK_BYTES = 512 * 1024
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
@@ -289,7 +294,7 @@ PATCH_DIM = "vision_patch"
 
 
 def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
-    # first dim: ~2 MiB worth of rows; middle dims one at a time (a layer per chunk); last whole.
+    # first dim: ~512 KiB worth of rows (at least 64 tokens); middle dims one at a time (a layer per chunk); last whole.
     # Per-run rows can be large (a vocabulary of log-probs): no floor on their count, or every
     # append would rewrite a huge partial chunk. 1-D labels: a few thousand rows, since every
     # append rewrites the partial last chunk (and a transactional store keeps the old one until
@@ -378,6 +383,8 @@ class StoreWriter:
         self._provenance_written: list[dict[str, Any]] = []
         self.commits = 0
         self.compaction_skipped: str | None = None
+        self.checked = ""  # what the last `damage_since_check` read
+        self._checked_state: verified.Ledger | None = None
         self.repairs: list[str] = self._restore_intact_snapshot()
 
     def _open_existing(self, real: Path) -> Any:
@@ -722,7 +729,9 @@ class StoreWriter:
             cutoff = _dt.datetime.now(_dt.timezone.utc) - COMPACT_GRACE
             try:
                 self.repo.expire_snapshots(older_than=cutoff)
+                before = verified.file_stats(self._real)
                 self.repo.garbage_collect(cutoff)
+                verified.forget(self._real, before.keys() - verified.file_stats(self._real).keys())
             except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
                 if io_failure(err):
                     raise
@@ -760,10 +769,40 @@ class StoreWriter:
         """`verify_store` of the committed state (reads every chunk)."""
         return [] if self.repo is None else _verify_repo(self.repo, self._real)
 
+    def damage_since_check(self) -> list[Damage]:
+        """The committed state checked as a run's start needs it: on a local store whose record
+        of this writer's last check (`workbench.verified`) names a snapshot icechunk can diff
+        against, with none of the files recorded then changed, only the chunks committed since
+        are read; otherwise every chunk (an object store, no or a stale record, a snapshot
+        restored at open). `checked` says which; `repair` saves the new record."""
+        self._checked_state = None
+        if self.repo is None:
+            self.checked = "nothing to check (a new store)"
+            return []
+        if self.shared or self.repairs:
+            self.checked = "every chunk"
+            return self.damage()
+        ledger, now = verified.load(self._real), verified.file_stats(self._real)
+        tip = self.repo.lookup_branch(BRANCH)
+        only, count = None, 0
+        if ledger is not None and not ledger.changed(now):
+            only, count = _chunks_since(self.repo, ledger.snapshot)
+        self._checked_state = verified.Ledger(tip, now)
+        damage = _verify_repo(self.repo, self._real, only=only)
+        self.checked = "every chunk" if only is None else f"the {count} chunks committed since the last check"
+        return damage
+
     def repair(self, sample_ids: set[str]) -> list[str]:
-        """Read every chunk; drop each damaged condition so that this run re-captures it. What was
-        restored at open (an unreadable snapshot) is in `repairs`."""
-        return self.drop_damaged(self.damage(), sample_ids)
+        """Check the committed state (`damage_since_check`) and drop each damaged condition so
+        that this run re-captures it; then record the check. What was restored at open (an
+        unreadable snapshot) is in `repairs`."""
+        repairs = self.drop_damaged(self.damage_since_check(), sample_ids)
+        if self._checked_state is not None:
+            try:
+                verified.save(self._real, self._checked_state)
+            except OSError:  # no record: the next run reads every chunk again
+                pass
+        return repairs
 
     def drop_damaged(self, damage: list[Damage], sample_ids: set[str]) -> list[str]:
         """Drop every condition with a damaged chunk, in one commit, so the run re-captures it.
@@ -1082,7 +1121,22 @@ def verify_store(path: str | Path | ObjectStore, progress: bool = False) -> list
     return _verify_repo(repo, path, progress)
 
 
-def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False) -> list[Damage]:
+def _chunks_since(repo: Any, snapshot: str) -> tuple[dict[str, set[int]] | None, int]:
+    """{"model/condition/variable": row-chunk indices} of every chunk written after `snapshot`
+    up to the branch's tip, and how many chunks that is; None when icechunk cannot diff them (an
+    expired or foreign snapshot)."""
+    try:
+        diff = repo.diff(from_snapshot_id=snapshot, to_branch=BRANCH)
+    except Exception:
+        return None, 0
+    updated = diff.updated_chunks
+    return ({path.strip("/"): {int(c[0]) if len(c) else 0 for c in coords} for path, coords in updated.items()},
+            sum(len(coords) for coords in updated.values()))
+
+
+def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
+                 only: dict[str, set[int]] | None = None) -> list[Damage]:
+    """Read back the branch's snapshot; `only`: just these row chunks of these arrays (`_chunks_since`)."""
     problem = _snapshot_problem(repo)
     if problem is not None:
         intact = _newest_intact_snapshot(path)
@@ -1094,19 +1148,27 @@ def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False) ->
     groups = [(k, c, g) for k, m in sorted(root.groups()) for c, g in sorted(m.groups())]
     from tqdm.auto import tqdm
 
+    if only is not None:
+        touched = {tuple(p.split("/")[:2]) for p in only}
+        groups = [(k, c, g) for k, c, g in groups if (k, c) in touched]
     for key, condition, group in tqdm(groups, disable=not progress, unit="condition", desc="verify"):
         ends, samples = _row_samples(group)
         for name, array in sorted(group.arrays()):
-            damage += _verify_array(key, condition, name, array, ends, samples)
+            blocks = None if only is None else only.get(f"{key}/{condition}/{name}")
+            if only is None or blocks:
+                damage += _verify_array(key, condition, name, array, ends, samples, blocks)
     return damage
 
 
-def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndarray, samples: list[str]) -> list[Damage]:
+def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndarray, samples: list[str],
+                  blocks: set[int] | None = None) -> list[Damage]:
+    """Read `array` one row chunk at a time (`blocks`: only these row chunks)."""
     found = []
     leading = (array.metadata.dimension_names or (None,))[0]
-    step = array.chunks[0] if array.ndim else 1
+    step = max(array.chunks[0] if array.ndim else 1, 1)
     n = array.shape[0] if array.ndim else 1
-    for start in range(0, max(n, 1), max(step, 1)):
+    starts = range(0, max(n, 1), step) if blocks is None else [b * step for b in sorted(blocks) if b * step < max(n, 1)]
+    for start in starts:
         stop = min(start + step, n)
         try:
             (array[start:stop] if array.ndim else array[...])
