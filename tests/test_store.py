@@ -294,36 +294,6 @@ def test_a_run_start_reads_only_the_chunks_committed_since_its_last_check(tmp_pa
     assert_same_store(store, pristine, ("tiny-llama",))
 
 
-def test_open_store_reads_several_small_stored_chunks_per_dask_chunk(tmp_path):
-    """Captures are stored in ~512 KiB chunks (a commit rewrites less of a partial one) and read
-    in ~2 MiB dask chunks, whole multiples of the stored ones, so analyses build no more tasks;
-    the values are the ones written."""
-    import zarr
-
-    from workbench.store import Variable, _open_repo
-
-    store, rng, written = tmp_path / "chunks.zarr", np.random.default_rng(0), []
-    with StoreWriter(store) as writer:
-        writer.add_provenance({"spec_name": "chunks"})
-        for i in range(5):
-            n = 300 + 7 * i
-            hidden = rng.standard_normal((n, 3, 1024), dtype=np.float32)
-            written.append(hidden)
-            writer.write_sample("m", "baseline", f"s{i}", {
-                "position": Variable(("token",), np.arange(n)),
-                "modality": Variable(("token",), np.array(["text"] * n)),
-                "token_id": Variable(("token",), np.arange(n) % 50),
-                "hidden": Variable(("token", "layer", "dim"), hidden, {"layer": np.arange(3)}),
-            })
-    repo = _open_repo(store)
-    stored = zarr.open_group(repo.readonly_session(branch="main").store, mode="r")["m/baseline/hidden"].chunks
-    assert stored == (128, 1, 1024)  # 512 KiB of 4 KiB rows
-    hidden = open_store(store, model="m")["hidden"]
-    rows = hidden.data.chunks[0]
-    assert set(rows[:-1]) == {512} and hidden.data.chunks[1] == (1, 1, 1)  # 4 stored chunks per dask chunk
-    np.testing.assert_array_equal(hidden.values, np.concatenate(written))
-
-
 # -- no silent mixing ------------------------------------------------------------------------
 
 LLAMA_SPEC = """\

@@ -1226,33 +1226,9 @@ def _read_session(path: Path | ObjectStore, snapshot: str | None = None) -> tupl
                          hint=f"tags: {tags}; `workbench info {path} --history` lists snapshots") from None
 
 
-# dask chunks of a capture cover about this many bytes (all its stored chunks along the other
-# dims): several stored row chunks per task where those are small, so analyses build no more tasks
-# than over 2 MiB chunks (512 KiB ones, read one dask task each, took analyses 1.8x the time)
-_READ_BYTES = 2 * 1024 * 1024
-
-
-def _read_chunks(var: xr.Variable) -> dict[str, int]:
-    """Dask chunks of a stored variable: its stored chunks, with whole multiples of its stored
-    row chunk up to ~_READ_BYTES per stored chunk of the other dims (what xarray reads per task)."""
-    stored = var.encoding.get("preferred_chunks") or dict(zip(var.dims, var.encoding.get("chunks") or var.shape))
-    chunks = {dim: int(stored.get(dim, size) or 1) for dim, size in var.sizes.items()}
-    if var.ndim >= 2:
-        lead = var.dims[0]
-        chunk_bytes = int(np.prod(list(chunks.values()), dtype=np.int64)) * var.dtype.itemsize
-        chunks[lead] *= max(1, _READ_BYTES // max(1, chunk_bytes))
-    return chunks
-
-
-def _open_group(store: Any, group: str) -> xr.Dataset:
-    """A condition group as a dask-backed Dataset, chunked for reading (`_read_chunks`)."""
-    ds = xr.open_zarr(store, group=group, consolidated=False, chunks=None, zarr_format=3)
-    return ds.assign({name: var.chunk(_read_chunks(var.variable)) for name, var in ds.data_vars.items()})
-
-
 def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, ...]:
     """(token part, run part, patch part) of one condition group, labeled."""
-    ds = _open_group(store, f"{model}/{condition}")
+    ds = xr.open_zarr(store, group=f"{model}/{condition}", consolidated=False, chunks={}, zarr_format=3)
     ds = ds.rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
     sweep = {name: _sweep_label(value) for name, value in (attrs.get("sweep") or {}).items()}
