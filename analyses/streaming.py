@@ -2,9 +2,9 @@
 per-group reductions.
 
 A model's Dataset (from `workbench.open_store(path, model=...)`) concatenates its conditions
-along `token` (and `run`); each condition is a contiguous range of rows, chunked by zarr in ~512
-KiB blocks of rows of one layer each (2 MiB in stores written before December 2026). Analyses
-never load a variable whole. They build one dask graph per analysis: for every block of rows (the stored row chunks, all layers of them together, split
+along `token` (and `run`); each condition is a contiguous range of rows, chunked by zarr in ~2 MiB
+blocks of rows of one layer each. Analyses never load a variable whole. They build one dask graph
+per analysis: for every block of rows (the stored row chunks, all layers of them together, split
 where a block would exceed 4 × `BLOCK_BYTES`), a task computes the per-token metric and reduces
 it at once to per-group (e.g. per sample and modality) sums and counts (`group_sums`); the small
 partial sums are added up in a tree. One `dask.compute` runs it in parallel threads, and memory

@@ -500,7 +500,7 @@ def test_a_file_size_limit_stops_with_a_message(tmp_path, workbench_cache):
     spec = write_llama_spec(tmp_path, store)
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))  # under the largest chunk (~38 KB)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))  # under the largest chunk files
 
     done = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(spec), "--no-progress", "--no-table"],
                           cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=300)

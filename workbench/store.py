@@ -42,7 +42,7 @@ Guarantees.
 
 Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
-holds bf16 values exactly. Chunks: ~512 KiB, one layer per chunk, the whole hidden dimension, so
+holds bf16 values exactly. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
 per-layer reductions stream.
 """
 
@@ -74,11 +74,10 @@ RUN_TAG = "run-{}"
 # a reader holding a snapshot younger than this keeps working through a writer's compaction
 COMPACT_GRACE = _dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 600)))
 MODALITIES = ("vision", "boundary", "text")
-# ~512 KiB of rows per chunk: every commit re-encodes and rewrites each array's partial last
-# chunk, so at real size (a few hundred tokens per sample, 8 KiB rows) 2 MiB chunks nearly doubled
-# the bytes a sample's write encodes; Qwen3-VL-2B dims, alternating A/B: 1.09 / 1.12 of the plain
-# loop with 2 MiB, 1.03 / 1.05 with 512 KiB (tiny models: no difference)
-_CHUNK_BYTES = 512 * 1024
+# ~2 MiB of rows per chunk. 512 KiB was measured (Qwen3-VL-2B-sized captures, alternating
+# stores): a sample's write 0.73x the CPU (a commit re-encodes less of each partial last chunk),
+# but an analysis pass over the store 1.45x (4x the chunks read, ~0.85 ms each): not kept
+_CHUNK_BYTES = 2 * 1024 * 1024
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
@@ -294,7 +293,7 @@ PATCH_DIM = "vision_patch"
 
 
 def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, ...]:
-    # first dim: ~512 KiB worth of rows (at least 64 tokens); middle dims one at a time (a layer per chunk); last whole.
+    # first dim: ~2 MiB worth of rows; middle dims one at a time (a layer per chunk); last whole.
     # Per-run rows can be large (a vocabulary of log-probs): no floor on their count, or every
     # append would rewrite a huge partial chunk. 1-D labels: a few thousand rows, since every
     # append rewrites the partial last chunk (and a transactional store keeps the old one until
