@@ -294,6 +294,28 @@ def test_a_run_start_reads_only_the_chunks_committed_since_its_last_check(tmp_pa
     assert_same_store(store, pristine, ("tiny-llama",))
 
 
+def test_compaction_keeps_the_check_record_usable(tmp_path, workbench_cache, monkeypatch):
+    """A run's compaction deletes chunk files the record of its start check lists (superseded
+    versions from the run before): they leave the record, so the next start still reads only what
+    is new instead of taking the missing files for damage."""
+    import datetime as dt
+
+    from workbench import verified
+
+    store = tmp_path / "run.zarr"
+    spec = write_llama_spec(tmp_path, store)
+    spec.write_text(spec.read_text().replace("n: 2", "n: 3") + "backend: {commit_interval_s: 0}\n")
+    assert main(["run", str(spec), "--no-progress", "--no-table", "--limit", "2"]) == 0
+    after_first = verified.file_stats(store)  # with superseded chunk versions, kept for 10 minutes
+    monkeypatch.setattr(workbench.store, "COMPACT_GRACE", dt.timedelta(0))
+    assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0  # records its check, compacts
+    ledger, now = verified.load(store), verified.file_stats(store)
+    assert set(after_first) - set(now), "compaction deleted nothing"
+    assert set(ledger.files) == set(after_first) & set(now) and not ledger.changed(now)
+    with StoreWriter(store) as writer:
+        assert writer.damage_since_check() == [] and "since the last check" in writer.checked
+
+
 # -- no silent mixing ------------------------------------------------------------------------
 
 LLAMA_SPEC = """\

@@ -770,10 +770,10 @@ class StoreWriter:
 
     def damage_since_check(self) -> list[Damage]:
         """The committed state checked as a run's start needs it: on a local store whose record
-        of this writer's last check (`workbench.verified`) names a snapshot icechunk can diff
-        against, with none of the files recorded then changed, only the chunks committed since
-        are read; otherwise every chunk (an object store, no or a stale record, a snapshot
-        restored at open). `checked` says which; `repair` saves the new record."""
+        of this writer's last check (`workbench.verified`) lists files none of which changed
+        since, only the row chunks written since are read (`_blocks_since`); otherwise every
+        chunk (an object store, no or a stale record, a snapshot restored at open). `checked`
+        says which; `repair` saves the new record."""
         self._checked_state = None
         if self.repo is None:
             self.checked = "nothing to check (a new store)"
@@ -783,12 +783,18 @@ class StoreWriter:
             return self.damage()
         ledger, now = verified.load(self._real), verified.file_stats(self._real)
         tip = self.repo.lookup_branch(BRANCH)
+        try:
+            extents = _array_extents(self.repo, tip)
+        except Exception:  # an unreadable snapshot: the full check names it
+            self.checked = "every chunk"
+            return self.damage()
         only, count = None, 0
         if ledger is not None and not ledger.changed(now):
-            only, count = _chunks_since(self.repo, ledger.snapshot)
-        self._checked_state = verified.Ledger(tip, now)
+            only, count = _blocks_since(ledger.arrays, extents)
+        self._checked_state = verified.Ledger(tip, now, {path: (node, rows) for path, (node, rows, _) in extents.items()})
         damage = _verify_repo(self.repo, self._real, only=only)
-        self.checked = "every chunk" if only is None else f"the {count} chunks committed since the last check"
+        self.checked = ("every chunk" if only is None else
+                        f"the {count} row chunks written since the last check, in {len(only)} arrays")
         return damage
 
     def repair(self, sample_ids: set[str]) -> list[str]:
@@ -1120,22 +1126,41 @@ def verify_store(path: str | Path | ObjectStore, progress: bool = False) -> list
     return _verify_repo(repo, path, progress)
 
 
-def _chunks_since(repo: Any, snapshot: str) -> tuple[dict[str, set[int]] | None, int]:
-    """{"model/condition/variable": row-chunk indices} of every chunk written after `snapshot`
-    up to the branch's tip, and how many chunks that is; None when icechunk cannot diff them (an
-    expired or foreign snapshot)."""
-    try:
-        diff = repo.diff(from_snapshot_id=snapshot, to_branch=BRANCH)
-    except Exception:
-        return None, 0
-    updated = diff.updated_chunks
-    return ({path.strip("/"): {int(c[0]) if len(c) else 0 for c in coords} for path, coords in updated.items()},
-            sum(len(coords) for coords in updated.values()))
+def _array_extents(repo: Any, snapshot: str) -> dict[str, tuple[str, int, int]]:
+    """{"model/condition/variable": (icechunk node id, rows, rows per chunk)} of the arrays of
+    `snapshot`'s condition groups. A workbench array only grows (rows appended, its partial last
+    chunk rewritten), and one dropped and written again is a new node."""
+    nodes = json.loads(repo.inspect_snapshot(snapshot))["nodes"]
+    ids = {n["path"].strip("/"): n["id"] for n in nodes if n.get("node_type") == "array"}
+    root = _root_of(repo, repo.readonly_session(snapshot_id=snapshot))
+    extents = {}
+    for key, model in root.groups():
+        for condition, group in model.groups():
+            for name, array in group.arrays():
+                path = f"{key}/{condition}/{name}"
+                rows, step = (array.shape[0], array.chunks[0]) if array.ndim else (1, 1)
+                extents[path] = (ids.get(path, ""), int(rows), max(int(step), 1))
+    return extents
+
+
+def _blocks_since(before: dict[str, tuple[str, int]], now: dict[str, tuple[str, int, int]]) -> tuple[dict[str, set[int]], int]:
+    """{"model/condition/variable": row-chunk indices} written since the extents `before`: from
+    the chunk that held an array's last row then (rewritten by the next append) to its end, and
+    all of an array that is new or a new node; with how many row chunks that is."""
+    only = {}
+    for path, (node, rows, step) in now.items():
+        old_node, old_rows = before.get(path, ("", 0))
+        same = bool(node) and node == old_node
+        if same and old_rows == rows:
+            continue
+        first = old_rows // step if same else 0
+        only[path] = set(range(first, max(-(-rows // step), first + 1)))
+    return only, sum(map(len, only.values()))
 
 
 def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
                  only: dict[str, set[int]] | None = None) -> list[Damage]:
-    """Read back the branch's snapshot; `only`: just these row chunks of these arrays (`_chunks_since`)."""
+    """Read back the branch's snapshot; `only`: just these row chunks of these arrays (`_blocks_since`)."""
     problem = _snapshot_problem(repo)
     if problem is not None:
         intact = _newest_intact_snapshot(path)

@@ -1,8 +1,11 @@
 """What a local store's writer last read back whole: the snapshot it checked, and the size and
-mtime of every chunk and manifest file at the time. A run's start then reads only the chunks
-committed since that snapshot (icechunk's diff), as long as none of those files changed; when one
-did (damage, or a hand in the store), or the record is missing or unreadable, it reads
-everything, as `workbench verify` always does.
+mtime of every chunk and manifest file at the time, and how many rows each array had (with its
+icechunk node id). A run's start then reads only the row chunks written since: an array only
+grows, rewriting the chunk that held its last row, and one dropped and written again is a new
+node. That holds as long as none of the recorded files changed; when one did (damage, or a hand
+in the store), or the record is missing or unreadable, it reads everything, as `workbench
+verify` always does. (Icechunk's own diff cannot serve: it needs the checked snapshot in the
+branch's ancestry, which the compaction at the end of every run rewrites.)
 
 Without it every run's start read every chunk of the store: minutes for the tens of GB a full
 sweep holds, paid again by each resume. Icechunk never rewrites a chunk or manifest file in place
@@ -48,8 +51,12 @@ def file_stats(store: Path) -> dict[str, tuple[int, int]]:
 
 @dataclass
 class Ledger:
+    """The snapshot checked, the data files then ({name: (size, mtime_ns)}) and its arrays'
+    extents ({"model/condition/variable": (icechunk node id, rows)})."""
+
     snapshot: str
     files: dict[str, tuple[int, int]]
+    arrays: dict[str, tuple[str, int]]
 
     def changed(self, now: dict[str, tuple[int, int]]) -> list[str]:
         """The recorded files that are gone or differ in size or mtime (new files are not listed:
@@ -61,7 +68,8 @@ def load(store: Path) -> Ledger | None:
     """The record beside `store`; None when there is none or it cannot be read (read everything)."""
     try:
         data = json.loads(ledger_path(store).read_text())
-        return Ledger(str(data["snapshot"]), {k: (int(v[0]), int(v[1])) for k, v in data["files"].items()})
+        return Ledger(str(data["snapshot"]), {k: (int(v[0]), int(v[1])) for k, v in data["files"].items()},
+                      {k: (str(v[0]), int(v[1])) for k, v in data["arrays"].items()})
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
 
@@ -70,7 +78,8 @@ def save(store: Path, ledger: Ledger) -> None:
     """Write the record atomically (a killed writer leaves the old one or none, never half)."""
     path = ledger_path(store)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"snapshot": ledger.snapshot, "files": ledger.files}, separators=(",", ":")))
+    tmp.write_text(json.dumps({"snapshot": ledger.snapshot, "files": ledger.files, "arrays": ledger.arrays},
+                              separators=(",", ":")))
     os.replace(tmp, path)
 
 
@@ -80,11 +89,5 @@ def forget(store: Path, deleted: set[str]) -> None:
     ledger = load(store)
     if ledger is None or not deleted & ledger.files.keys():
         return
-    save(store, Ledger(ledger.snapshot, {k: v for k, v in ledger.files.items() if k not in deleted}))
+    save(store, Ledger(ledger.snapshot, {k: v for k, v in ledger.files.items() if k not in deleted}, ledger.arrays))
 
-
-def discard(store: Path) -> None:
-    try:
-        ledger_path(store).unlink()
-    except FileNotFoundError:
-        pass
