@@ -728,9 +728,7 @@ class StoreWriter:
             cutoff = _dt.datetime.now(_dt.timezone.utc) - COMPACT_GRACE
             try:
                 self.repo.expire_snapshots(older_than=cutoff)
-                before = verified.file_stats(self._real)
-                self.repo.garbage_collect(cutoff)
-                verified.forget(self._real, before.keys() - verified.file_stats(self._real).keys())
+                verified.collect(self._real, lambda: self.repo.garbage_collect(cutoff))
             except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
                 if io_failure(err):
                     raise
@@ -1132,15 +1130,18 @@ def _array_extents(repo: Any, snapshot: str) -> dict[str, tuple[str, int, int]]:
     chunk rewritten), and one dropped and written again is a new node."""
     nodes = json.loads(repo.inspect_snapshot(snapshot))["nodes"]
     ids = {n["path"].strip("/"): n["id"] for n in nodes if n.get("node_type") == "array"}
-    root = _root_of(repo, repo.readonly_session(snapshot_id=snapshot))
     extents = {}
-    for key, model in root.groups():
-        for condition, group in model.groups():
-            for name, array in group.arrays():
-                path = f"{key}/{condition}/{name}"
-                rows, step = (array.shape[0], array.chunks[0]) if array.ndim else (1, 1)
-                extents[path] = (ids.get(path, ""), int(rows), max(int(step), 1))
+    for key, condition, group in _condition_groups(_root_of(repo, repo.readonly_session(snapshot_id=snapshot))):
+        for name, array in group.arrays():
+            path = f"{key}/{condition}/{name}"
+            rows, step = (array.shape[0], array.chunks[0]) if array.ndim else (1, 1)
+            extents[path] = (ids.get(path, ""), int(rows), max(int(step), 1))
     return extents
+
+
+def _condition_groups(root: zarr.Group) -> list[tuple[str, str, zarr.Group]]:
+    """(model key, condition, group) of every condition group, in order."""
+    return [(k, c, g) for k, m in sorted(root.groups()) for c, g in sorted(m.groups())]
 
 
 def _blocks_since(before: dict[str, tuple[str, int]], now: dict[str, tuple[str, int, int]]) -> tuple[dict[str, set[int]], int]:
@@ -1169,7 +1170,7 @@ def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
         return [Damage("", "", "snapshot", None, [], problem + where)]
     root = _root_of(repo, repo.readonly_session(branch=BRANCH))
     damage: list[Damage] = []
-    groups = [(k, c, g) for k, m in sorted(root.groups()) for c, g in sorted(m.groups())]
+    groups = _condition_groups(root)
     from tqdm.auto import tqdm
 
     if only is not None:

@@ -23,6 +23,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 # the repository's immutable data files; snapshots are checked by reading the branch's own
 WATCHED = ("chunks", "manifests")
@@ -51,8 +52,9 @@ def file_stats(store: Path) -> dict[str, tuple[int, int]]:
 
 @dataclass
 class Ledger:
-    """The snapshot checked, the data files then ({name: (size, mtime_ns)}) and its arrays'
-    extents ({"model/condition/variable": (icechunk node id, rows)})."""
+    """The snapshot checked (for a reader of the record; the check does not consult it), the data
+    files then ({name: (size, mtime_ns)}) and its arrays' extents ({"model/condition/variable":
+    (icechunk node id, rows)})."""
 
     snapshot: str
     files: dict[str, tuple[int, int]]
@@ -60,7 +62,7 @@ class Ledger:
 
     def changed(self, now: dict[str, tuple[int, int]]) -> list[str]:
         """The recorded files that are gone or differ in size or mtime (new files are not listed:
-        they belong to later commits, which the diff covers, or to no snapshot at all)."""
+        they belong to later commits, whose rows the extents cover, or to no snapshot at all)."""
         return [name for name, stat in self.files.items() if now.get(name) != stat]
 
 
@@ -83,11 +85,16 @@ def save(store: Path, ledger: Ledger) -> None:
     os.replace(tmp, path)
 
 
-def forget(store: Path, deleted: set[str]) -> None:
-    """Drop files that garbage collection deleted (referenced by no kept snapshot) from the
-    record; every other entry stays as it was checked."""
+def collect(store: Path, garbage_collect: Callable[[], Any]) -> None:
+    """Run `garbage_collect` (icechunk's, at the end of a run) and drop the files it deleted
+    (referenced by no kept snapshot) from the record; every other entry stays as it was checked.
+    With no record, the store's files are not listed at all."""
     ledger = load(store)
-    if ledger is None or not deleted & ledger.files.keys():
+    if ledger is None:
+        garbage_collect()
         return
-    save(store, Ledger(ledger.snapshot, {k: v for k, v in ledger.files.items() if k not in deleted}, ledger.arrays))
-
+    before = file_stats(store)
+    garbage_collect()
+    deleted = before.keys() - file_stats(store).keys()
+    if deleted & ledger.files.keys():
+        save(store, Ledger(ledger.snapshot, {k: v for k, v in ledger.files.items() if k not in deleted}, ledger.arrays))
