@@ -187,6 +187,16 @@ def load(store: Path, model: str) -> xr.Dataset:
     return ds.reset_index(["token", "run"])
 
 
+def assert_same_results(local: xr.Dataset, remote: xr.Dataset) -> None:
+    """The same labels, coordinates and attrs exactly, and the same captures within fp32 rounding
+    (rtol 1e-5, atol 1e-6): on some CPUs (seen on an AMD EPYC VM) the same forward run in the
+    server's thread and in the test's differs in the last bits (~1e-9 in attention weights,
+    ~1e-6 in log-probs), as kernels dispatched on another buffer's alignment may."""
+    xr.testing.assert_identical(local.drop_vars(list(local.data_vars)), remote.drop_vars(list(remote.data_vars)))
+    assert sorted(local.data_vars) == sorted(remote.data_vars)
+    xr.testing.assert_allclose(local, remote, rtol=1e-5, atol=1e-6)
+
+
 def stored_samples(store: Path, model: str = "tiny-llama") -> dict[str, set[str]]:
     ds = workbench.open_store(store, model=model)
     return {c: set(np.unique(ds.run_sample.values[ds.run_condition.values == c])) for c in np.unique(ds.run_condition.values)}
@@ -244,7 +254,7 @@ def test_remote_store_is_identical_to_local(server, tmp_path, local_store, name)
     seen = server.requests_seen[before:]
     assert len(seen) == n  # one job per sample, all its conditions
     assert seen[0]["model_key"] == ndif_key(name)  # found under NDIF's key format (repo id + revision)
-    xr.testing.assert_identical(load(local, name), load(remote, name))
+    assert_same_results(load(local, name), load(remote, name))
     attrs = workbench.open_store(remote, model=name).attrs
     assert attrs["backend"] == "remote" and attrs["remote_target"] == server.url
     assert '"kind": "remote"' in attrs["provenance"]
@@ -252,13 +262,13 @@ def test_remote_store_is_identical_to_local(server, tmp_path, local_store, name)
 
 def test_batched_remote_jobs_equal_batched_local_runs(server, tmp_path):
     """backend.batch_size travels in the plan: the server runs the same batched forwards (inside
-    NDIF's sandbox) as a local run, so the stores are identical."""
+    NDIF's sandbox) as a local run, so the stores are the same (`assert_same_results`)."""
     name = "tiny-qwen3vl"
     batched = "\nbackend: {batch_size: 4}\n"
     local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
     run(full_spec(name, local, 1) + batched, remote=False)
     run(full_spec(name, remote, 1) + batched, remote=config(server))
-    xr.testing.assert_identical(load(local, name), load(remote, name))
+    assert_same_results(load(local, name), load(remote, name))
 
 
 def test_nnsight_local_simulation_runs_every_intervention_kind(tmp_path, local_store):
