@@ -98,9 +98,12 @@ def test_kill_after_every_write_leaves_the_last_commit_and_resumes_identical(tmp
     assert seen_counts == {0, 1, 2, 3}  # kills landed before each of the 4 commits
 
 
-def test_reader_loop_during_a_live_run_sees_only_committed_prefixes(tmp_path, workbench_cache):
+def test_reader_loop_during_a_live_run_sees_only_committed_prefixes(tmp_path, workbench_cache, drill_store):
     """A reader in a loop while `workbench run` writes: every open succeeds, and every read is a
     committed prefix of the final store with complete rows."""
+    # the reader's first open pays for imports (~1 s): paid before the run starts, or the run's
+    # commits (tens of ms each) may all land during that one read
+    open_store(drill_store, model=store_drill.MODEL).load()
     store = tmp_path / "live.zarr"
     spec = tmp_path / "live.yaml"
     spec.write_text(f"""\

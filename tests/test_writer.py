@@ -156,3 +156,62 @@ def test_results_of_one_commit_must_agree_with_each_other(tmp_path, second):
         with pytest.raises(StoreError, match="shape .* does not match|coordinate layer differs"):
             store.write_samples([("m", "c", "s0", result([0, 1]), None, ""), ("m", "c", "s1", other, None, "")])
     assert "c" not in set(open_store(tmp_path / "s.zarr", model="m").condition.values)
+
+
+def test_commits_are_paced_to_a_small_share_of_the_time(tmp_path):
+    """With a 1 ms interval the writer would commit every result that arrives while it commits;
+    after a commit of d seconds it gathers for 19 d instead (commits take ~5 % of the time), so
+    results arriving every 20 ms for 0.4 s land in a few commits, all stored."""
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        with BackgroundWriter(store, commit_interval=0.001) as writer:
+            for i in range(20):
+                writer.put("m", "c", f"s{i}", {"token_id": Variable(("token",), np.arange(3)),
+                                               "hidden": Variable(("token", "dim"), np.full((3, 2), float(i)))})
+                time.sleep(0.02)
+            paced = writer.pace()
+    assert writer.commits <= 4, writer.commits
+    assert paced >= 0.001 * 19 and paced <= 10.0
+    ds = open_store(tmp_path / "s.zarr", model="m")
+    assert len(ds.run_sample) == 20 and np.array_equal(ds.hidden.values[::3, 0], np.arange(20.0))
+
+
+def test_the_store_derives_sample_and_position_and_packs_the_run_texts(tmp_path):
+    """Format 3: no per-token `sample` or `position` array is stored (nor per patch); the reader
+    derives them from the run rows, equal to what the writer was handed. The per-run text labels
+    are one JSON array; a label one result lacks reads as ""."""
+    import zarr
+
+    from workbench.store import _root_of
+
+    def result(n, texts, patches=0):
+        out = {"position": Variable(("token",), np.arange(n)), "token_id": Variable(("token",), np.arange(n) + 100),
+               "hidden": Variable(("token", "dim"), np.ones((n, 2))),
+               **{k: Variable(("run",), np.array([v], dtype=object)) for k, v in texts.items()}}
+        if patches:
+            out["vision_hidden"] = Variable(("vision_patch", "dim"), np.zeros((patches, 2)))
+            out["patch_position"] = Variable(("vision_patch",), np.arange(patches))
+        return out
+
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        store.write_samples([("m", "c", "a", result(3, {"run_question": "why?", "run_prompt": "é <x>"}, 4), None, ""),
+                             ("m", "c", "b", result(2, {"run_question": "how?"}, 5), None, "")])
+        store.write_sample("m", "c", "z", result(4, {"run_question": "", "run_answer": "7"}, 1))
+        with pytest.raises(StoreError, match="position: expected 0, 1, 2"):
+            store.write_sample("m", "c", "bad", {**result(3, {}), "position": Variable(("token",), np.array([0, 2, 1]))})
+        repo = store.repo
+    group = _root_of(repo, repo.readonly_session(branch="main"))["m/c"]
+    assert isinstance(group, zarr.Group)
+    assert {"sample", "position", "patch_sample", "patch_position", "run_question"}.isdisjoint(set(group.array_keys()))
+    assert "run_text" in set(group.array_keys())
+    ds = open_store(tmp_path / "s.zarr", model="m", index=False)
+    assert list(ds.sample.values) == ["a"] * 3 + ["b"] * 2 + ["z"] * 4
+    assert list(ds.position.values) == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert list(ds.patch_sample.values) == ["a"] * 4 + ["b"] * 5 + ["z"]
+    assert list(ds.patch_position.values) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 0]
+    assert list(ds.run_question.values) == ["why?", "how?", ""] and list(ds.run_prompt.values) == ["é <x>", "", ""]
+    assert list(ds.run_answer.values) == ["", "", "7"] and "run_text" not in ds.variables
+    assert "run_generated_text" not in ds.variables  # no result had it
+    indexed = open_store(tmp_path / "s.zarr", model="m")
+    assert indexed.sel(sample="b").token_id.values.tolist() == [100, 101]

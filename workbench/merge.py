@@ -22,7 +22,7 @@ from .store import (
 )
 from .writer import GATHER_BYTES, captured_bytes
 
-_WRITTEN_BY_STORE = {"sample", "run_sample", "run_tokens", "run_input", "patch_sample", "run_patches"}  # write_sample adds these
+_WRITTEN_BY_STORE = {"run_sample", "run_tokens", "run_input", "run_patches"}  # write_sample adds these
 
 
 class MergeError(BadInputError):

@@ -13,11 +13,17 @@ RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
                "run_generated_text", "run_response")
+# the per-run text labels above (all but token_text) are stored together, one JSON object per run,
+# in this one array: a commit then appends one array for them instead of eight
+RUN_TEXT = "run_text"
+RUN_TEXT_LABELS = tuple(name for name in TEXT_LABELS if name.startswith("run_"))
+# labels the store derives from the run rows instead of storing them per token (patch)
+DERIVED_LABELS = ("sample", "position", "patch_sample", "patch_position")
 # every capture's variable and dims come from the site registry
 DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
 VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")
 RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
-                            *RUN_LABELS, *TEXT_LABELS, *DIMS, *VARIABLES})
+                            *RUN_LABELS, *TEXT_LABELS, RUN_TEXT, *DIMS, *VARIABLES})
 
 
 def reserved_name_problem(name: str) -> str | None:

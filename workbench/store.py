@@ -11,11 +11,15 @@ hierarchy:
                                       attrs: the model's identity (architecture, revision, dtype, ...)
         <condition>/                  one group per condition; attrs["identity"]: what it means
           hidden    (token, layer, dim)  float32   the residual stream
-          sample, position, modality, token_id (token)      per-token labels
+          modality, token_id, token_text (token)            per-token labels
           layer     (layer)                                 layer index of each stored slice
           run_sample, run_tokens, run_input (run)           one row per sample
+          run_text  (run)                                   the per-run text labels, one JSON object
 
-Every sample is appended as one "long" block of tokens (no padding across samples).
+Every sample is appended as one "long" block of tokens (no padding across samples). Each token's
+`sample` and `position` (and each vision-tower row's `patch_sample` and `patch_position`) follow
+from the run rows (`run_sample`, `run_tokens`, `run_patches`) and are derived when a store is
+read, not stored (format 3): every array costs a commit a few milliseconds whatever it holds.
 
 Guarantees.
 - Atomic commits: each (model, sample, condition) result is one icechunk commit: its groups,
@@ -64,11 +68,15 @@ import xarray as xr
 import zarr
 
 from .errors import StoreError, StorePathError
-from .names import PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, TEXT_LABELS, TOKEN_LABELS, reserved_name_problem
+from .names import (
+    DERIVED_LABELS, PATCH_LABELS, RESERVED_NAMES, RUN_LABELS, RUN_TEXT, RUN_TEXT_LABELS, TEXT_LABELS, TOKEN_LABELS,
+    reserved_name_problem,
+)
 from . import verified
 from .objectstore import ObjectStore, location
 
-STORE_FORMAT = 2
+# 3: no per-token sample/position arrays (derived from the run rows), per-run text labels in one array
+STORE_FORMAT = 3
 BRANCH = "main"
 RUN_TAG = "run-{}"
 # a reader holding a snapshot younger than this keeps working through a writer's compaction
@@ -866,9 +874,7 @@ class _ConditionState:
         coords = {name: a[:] for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
         shapes = {name: tuple(a.shape[1:]) for name, a in arrays.items() if name not in coords}
         samples = {str(s) for s in arrays["run_sample"][:]} if "run_sample" in arrays else set()
-        tokens = arrays["sample"].shape[0] if "sample" in arrays else 0
-        patches = arrays["patch_sample"].shape[0] if "patch_sample" in arrays else 0
-        return cls(samples, tokens, len(samples), shapes, coords, patches)
+        return cls(samples, _rows_along(arrays, "token"), len(samples), shapes, coords, _rows_along(arrays, PATCH_DIM))
 
     def offset(self, dim: str) -> int:
         """Rows already committed along a row dim (token, patch or run)."""
@@ -918,18 +924,49 @@ def _staged_rows(where: str, state: _ConditionState, sample_id: str, variables: 
     if sample_id in state.samples:
         raise StoreError(f"sample {sample_id!r} is already stored for {where}")
     n_tokens = _token_count(variables)
-    rows = dict(variables)
-    rows["sample"] = Variable(("token",), np.full(n_tokens, sample_id))
+    rows = _stored_rows(where, sample_id, variables)
     rows["run_sample"] = Variable(("run",), np.array([sample_id], dtype=object))
     rows["run_tokens"] = Variable(("run",), np.array([n_tokens], dtype=np.int64))
     rows["run_input"] = Variable(("run",), np.array([input_hash], dtype=object))
     n_patches = _row_count(variables, PATCH_DIM)
     if n_patches is not None:  # vision-tower rows: their own row dim, labelled like tokens
-        rows["patch_sample"] = Variable((PATCH_DIM,), np.full(n_patches, sample_id))
         rows["run_patches"] = Variable(("run",), np.array([n_patches], dtype=np.int64))
     shapes = _check_layout(where, rows, known.shapes, known.coords)
     known.advance(rows)
     return _Staged(sample_id, rows, n_tokens, n_patches or 0, shapes)
+
+
+def _stored_rows(where: str, sample_id: str, variables: dict[str, Variable]) -> dict[str, Variable]:
+    """A result's variables as stored: the labels a reader derives from the run rows (each
+    token's sample and position in it, the same per vision-tower row) are checked and left out,
+    and the per-run text labels (`run_prompt`, `run_question`, ...) become one JSON object in
+    RUN_TEXT."""
+    rows: dict[str, Variable] = {}
+    text: dict[str, str] = {}
+    for name, var in variables.items():
+        data = np.asarray(var.data)
+        if name in DERIVED_LABELS:
+            expected = np.full(len(data), sample_id) if name.endswith("sample") else np.arange(len(data))
+            if data.ndim != 1 or not np.array_equal(data.astype(expected.dtype), expected):
+                raise StoreError(f"{name}: expected {'the sample id' if name.endswith('sample') else '0, 1, 2, ...'} "
+                                 f"on every row (the store derives it) in {where}")
+        elif name in RUN_TEXT_LABELS:
+            if data.shape != (1,):
+                raise StoreError(f"{name}: expected one text per run, got shape {data.shape} in {where}")
+            text[name] = str(data[0])
+        else:
+            rows[name] = var
+    if text:
+        if RUN_TEXT in rows:
+            raise StoreError(f"{RUN_TEXT} and {', '.join(text)} in one result in {where}; expected one or the other")
+        rows[RUN_TEXT] = Variable(("run",), np.array([json.dumps(text, ensure_ascii=False)], dtype=object))
+    return rows
+
+
+def _rows_along(arrays: dict[str, Any], dim: str) -> int:
+    """Rows stored along a row dim (token, patch), from the arrays' shapes."""
+    return max((a.shape[0] for a in arrays.values() if a.ndim and (a.metadata.dimension_names or (None,))[0] == dim),
+               default=0)
 
 
 def _same_names(pending: list[_Staged]) -> list[list[_Staged]]:
@@ -1254,7 +1291,7 @@ def _read_session(path: Path | ObjectStore, snapshot: str | None = None) -> tupl
 def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, ...]:
     """(token part, run part, patch part) of one condition group, labeled."""
     ds = xr.open_zarr(store, group=f"{model}/{condition}", consolidated=False, chunks={}, zarr_format=3)
-    ds = ds.rename_vars({"run_tokens": "n_tokens"})
+    ds = _with_derived_labels(ds, f"{model}/{condition}").rename_vars({"run_tokens": "n_tokens"})
     ds.attrs = {}
     sweep = {name: _sweep_label(value) for name, value in (attrs.get("sweep") or {}).items()}
     tokens = ds[[v for v in ds.data_vars if "token" in ds[v].dims]]
@@ -1277,6 +1314,34 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
         **{PATCH_PREFIX + name: (PATCH_DIM, np.full(k, value)) for name, value in sweep.items()},
     ).set_coords([c for c in PATCH_LABELS if c in patches.data_vars])
     return tokens, runs, patches
+
+
+def _with_derived_labels(ds: xr.Dataset, where: str) -> xr.Dataset:
+    """The labels a format-3 store does not hold per row, from its run rows: each token's
+    `sample` and `position` within it (`run_sample`, `run_tokens`), the same per vision-tower row
+    (`run_patches`), and the per-run text labels unpacked from RUN_TEXT. A format-2 store holds
+    them already and is returned as it is."""
+    if "run_sample" not in ds:
+        return ds
+    samples = ds["run_sample"].values
+    for dim, count, prefix in (("token", "run_tokens", ""), (PATCH_DIM, "run_patches", PATCH_PREFIX)):
+        if count not in ds or prefix + "sample" in ds:
+            continue
+        counts = np.asarray(ds[count].values, dtype=np.int64)
+        if counts.sum() != ds.sizes.get(dim, 0):
+            raise StoreError(f"{where}: its run rows count {counts.sum()} {ROW_NAMES.get(dim, dim)} but it holds "
+                             f"{ds.sizes.get(dim, 0)}", hint="run `workbench verify` on the store")
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        ds = ds.assign({prefix + "sample": (dim, np.repeat(samples, counts)),
+                        prefix + "position": (dim, np.arange(len(starts), dtype=np.int64) - starts)})
+    if RUN_TEXT in ds:
+        # "" (zarr's fill value): a run stored before its condition's first text label
+        records = [json.loads(str(text)) if str(text) else {} for text in ds[RUN_TEXT].values]
+        names = [name for name in RUN_TEXT_LABELS if any(name in r for r in records)]
+        ds = ds.drop_vars(RUN_TEXT).assign({name: ("run", np.array([r.get(name, "") for r in records],
+                                                                     dtype=np.dtypes.StringDType()))
+                                            for name in names})
+    return ds
 
 
 def _label_index(ds: xr.Dataset, dim: str, levels: list[str], index: bool = True) -> xr.Dataset:
@@ -1407,12 +1472,12 @@ def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
         conditions = {}
         for condition, group in sorted(model.groups()):
             n_runs = group["run_sample"].shape[0] if "run_sample" in group else 0
-            n_tokens = group["sample"].shape[0] if "sample" in group else 0
+            n_tokens = _rows_along(dict(group.arrays()), "token")
             variables = {
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
                 for name, a in sorted(group.arrays())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
-                if name not in RUN_LABELS + TOKEN_LABELS + PATCH_LABELS + TEXT_LABELS and list(a.metadata.dimension_names or ()) != [name]
+                if name not in (*RUN_LABELS, *TOKEN_LABELS, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
                 "samples": int(n_runs),

@@ -5,9 +5,10 @@ Memory stays bounded: the captures waiting in the queue are capped in bytes (`ma
 `put` blocks while a new result would exceed the cap (one result is always admitted, however
 large). Results are committed in the order they were put. The thread gathers what arrives within
 `commit_interval` seconds of its last commit into one store commit (`StoreWriter.write_samples`):
-a commit's fixed cost (about 17 array appends per condition and the icechunk commit, tens of ms)
+a commit's fixed cost (about 10 array appends per condition and the icechunk commit, tens of ms)
 is then paid once per interval instead of once per forward, which is what lets the workbench run
-near a plain loop's speed on a fast forward. A gathered commit is still atomic, so a crash or kill
+near a plain loop's speed on a fast forward. The interval stretches with what commits cost
+(`pace`: commits take about COMMIT_SHARE of the time). A gathered commit is still atomic, so a crash or kill
 loses no committed result and leaves nothing torn: what was queued but not committed (at most
 an interval's worth, or the queue's) is simply captured again by the next run. `close()` (also on
 Ctrl-C, through the context manager) writes what is queued before returning; an error in the
@@ -29,6 +30,13 @@ _STOP = object()
 # where a commit's fixed cost matters, and large ones gain little from gathering while they would
 # hold memory for the interval (peak RSS stays flat in the number of samples)
 GATHER_BYTES = 16 << 20
+# A commit's cost hardly depends on what it holds (~100 ms for a condition of tiny results on
+# this project's 2-vCPU CI machine), so a fixed interval would cost a fixed share of a fast run:
+# after a commit that took d seconds the writer gathers for at least d * (1 / COMMIT_SHARE - 1),
+# so that commits take about COMMIT_SHARE of the run's time, but never longer than PACE_LIMIT_S
+# (what a kill can lose) unless `commit_interval` itself is longer
+COMMIT_SHARE = 0.05
+PACE_LIMIT_S = 10.0
 
 
 def captured_bytes(variables: dict[str, Variable]) -> int:
@@ -65,6 +73,7 @@ class BackgroundWriter(_Writer):
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._last_commit = time.monotonic()
+        self._last_commit_s = 0.0  # how long the last commit took (wall)
         self._thread = threading.Thread(target=self._work, name="workbench-store-writer", daemon=True)
         self._thread.start()
 
@@ -117,7 +126,7 @@ class BackgroundWriter(_Writer):
             if self.commit_interval > 0 and not self._closing:
                 # sleep out the interval instead of waking per put: a woken writer takes the GIL
                 # from the forward's thread (measured: a fifth of a tiny run's wall time)
-                self._cut.wait(max(0.0, self._last_commit + self.commit_interval - time.monotonic()))
+                self._cut.wait(max(0.0, self._last_commit + self.pace() - time.monotonic()))
                 self._cut.clear()
             gathered, size, stop = self._gather(item)
             try:
@@ -132,6 +141,12 @@ class BackgroundWriter(_Writer):
                     self._room.notify_all()
             if stop:
                 return
+
+    def pace(self) -> float:
+        """Seconds to gather before the next commit: `commit_interval`, stretched so that commits
+        take about COMMIT_SHARE of the time (at most PACE_LIMIT_S)."""
+        stretched = min(PACE_LIMIT_S, self._last_commit_s * (1 / COMMIT_SHARE - 1))
+        return max(self.commit_interval, stretched)
 
     def _gather(self, first: tuple) -> tuple[list, int, bool]:
         """`first` and what is queued behind it, up to GATHER_BYTES of captures (or half the
@@ -154,6 +169,7 @@ class BackgroundWriter(_Writer):
         each put_group again on its own, so every result before the bad one is committed."""
         from .store import StoreError, StoreIOError
 
+        started = time.monotonic()
         try:
             self.store.write_samples(results)
         except StoreError as err:
@@ -168,6 +184,7 @@ class BackgroundWriter(_Writer):
             self._written(results)
         finally:
             self._last_commit = time.monotonic()
+            self._last_commit_s = self._last_commit - started
 
     def _written(self, results: list[tuple]) -> None:
         for result in results:
