@@ -489,7 +489,8 @@ def _runs_stored(store: Path) -> int:
 def test_a_full_disk_stops_with_a_message_and_the_rerun_finishes(tmp_path, small_tmpfs, mixing_store, capsys):
     store = small_tmpfs / "store.zarr"
     spec = write_llama_spec(tmp_path, store)
-    spec.write_text(spec.read_text().replace("n: 2", "n: 12"))
+    # 24 samples x 2 conditions: more than 1 MB even with format 3's few arrays and paced commits
+    spec.write_text(spec.read_text().replace("n: 2", "n: 24"))
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 1
     err = capsys.readouterr().err
     assert "the disk is full" in err and "keeps its last commit" in err and "rerun" in err, err
@@ -497,7 +498,7 @@ def test_a_full_disk_stops_with_a_message_and_the_rerun_finishes(tmp_path, small
     kept = _runs_stored(store)
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_tmpfs)], check=True)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
-    assert f"skipped {kept} of 24" in capsys.readouterr().out
+    assert f"skipped {kept} of 48" in capsys.readouterr().out
     assert verify_store(store) == []
 
 

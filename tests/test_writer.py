@@ -179,13 +179,14 @@ def test_commits_are_paced_to_a_small_share_of_the_time(tmp_path):
 def test_the_store_derives_sample_and_position_and_packs_the_run_texts(tmp_path):
     """Format 3: no per-token `sample` or `position` array is stored (nor per patch); the reader
     derives them from the run rows, equal to what the writer was handed. The per-run text labels
-    are one JSON array; a label one result lacks reads as ""."""
+    are one JSON array; a label one result lacks reads as "". `modality` is stored as int8 codes."""
     import zarr
 
     from workbench.store import _root_of
 
     def result(n, texts, patches=0):
         out = {"position": Variable(("token",), np.arange(n)), "token_id": Variable(("token",), np.arange(n) + 100),
+               "modality": Variable(("token",), np.array((["vision", "boundary"] + ["text"] * n)[:n])),
                "hidden": Variable(("token", "dim"), np.ones((n, 2))),
                **{k: Variable(("run",), np.array([v], dtype=object)) for k, v in texts.items()}}
         if patches:
@@ -200,14 +201,17 @@ def test_the_store_derives_sample_and_position_and_packs_the_run_texts(tmp_path)
         store.write_sample("m", "c", "z", result(4, {"run_question": "", "run_answer": "7"}, 1))
         with pytest.raises(StoreError, match="position: expected 0, 1, 2"):
             store.write_sample("m", "c", "bad", {**result(3, {}), "position": Variable(("token",), np.array([0, 2, 1]))})
+        with pytest.raises(StoreError, match="modality: 'audio' .* expected one of vision, boundary, text"):
+            store.write_sample("m", "c", "bad", {**result(3, {}), "modality": Variable(("token",), np.array(["audio"] * 3))})
         repo = store.repo
     group = _root_of(repo, repo.readonly_session(branch="main"))["m/c"]
     assert isinstance(group, zarr.Group)
     assert {"sample", "position", "patch_sample", "patch_position", "run_question"}.isdisjoint(set(group.array_keys()))
-    assert "run_text" in set(group.array_keys())
+    assert "run_text" in set(group.array_keys()) and group["modality"].dtype == np.int8
     ds = open_store(tmp_path / "s.zarr", model="m", index=False)
     assert list(ds.sample.values) == ["a"] * 3 + ["b"] * 2 + ["z"] * 4
     assert list(ds.position.values) == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert list(ds.modality.values) == ["vision", "boundary", "text", "vision", "boundary", "vision", "boundary", "text", "text"]
     assert list(ds.patch_sample.values) == ["a"] * 4 + ["b"] * 5 + ["z"]
     assert list(ds.patch_position.values) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 0]
     assert list(ds.run_question.values) == ["why?", "how?", ""] and list(ds.run_prompt.values) == ["é <x>", "", ""]
@@ -215,3 +219,24 @@ def test_the_store_derives_sample_and_position_and_packs_the_run_texts(tmp_path)
     assert "run_generated_text" not in ds.variables  # no result had it
     indexed = open_store(tmp_path / "s.zarr", model="m")
     assert indexed.sel(sample="b").token_id.values.tolist() == [100, 101]
+
+
+def test_a_store_of_another_format_is_refused_for_writing_and_left_as_it_was(tmp_path):
+    """A store written by an earlier workbench (format 2: per-token sample/position arrays) is
+    not appended to in format 3: the writer refuses it up front, naming both formats."""
+    import zarr
+
+    from workbench.errors import StorePathError
+    from workbench.store import STORE_FORMAT, _open_repo, store_history
+
+    path = tmp_path / "old.zarr"
+    with StoreWriter(path) as store:
+        store.write_sample("m", "c", "s0", {"token_id": Variable(("token",), np.arange(3))})
+    repo = _open_repo(path)
+    session = repo.writable_session("main")
+    zarr.open_group(session.store, mode="a", zarr_format=3).attrs["workbench_format"] = STORE_FORMAT - 1
+    session.commit("as an earlier workbench wrote it")
+    before = store_history(path)
+    with pytest.raises(StorePathError, match=f"has store format {STORE_FORMAT - 1}; this workbench writes format {STORE_FORMAT}"):
+        StoreWriter(path)
+    assert store_history(path) == before

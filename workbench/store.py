@@ -11,7 +11,8 @@ hierarchy:
                                       attrs: the model's identity (architecture, revision, dtype, ...)
         <condition>/                  one group per condition; attrs["identity"]: what it means
           hidden    (token, layer, dim)  float32   the residual stream
-          modality, token_id, token_text (token)            per-token labels
+          modality, token_id, token_text (token)            per-token labels (modality: int8
+                                                            codes into MODALITIES)
           layer     (layer)                                 layer index of each stored slice
           run_sample, run_tokens, run_input (run)           one row per sample
           run_text  (run)                                   the per-run text labels, one JSON object
@@ -947,9 +948,11 @@ def _stored_rows(where: str, sample_id: str, variables: dict[str, Variable]) -> 
         data = np.asarray(var.data)
         if name in DERIVED_LABELS:
             expected = np.full(len(data), sample_id) if name.endswith("sample") else np.arange(len(data))
-            if data.ndim != 1 or not np.array_equal(data.astype(expected.dtype), expected):
+            if data.ndim != 1 or not np.array_equal(data, expected):
                 raise StoreError(f"{name}: expected {'the sample id' if name.endswith('sample') else '0, 1, 2, ...'} "
                                  f"on every row (the store derives it) in {where}")
+        elif name == "modality" and data.dtype.kind in "USO":
+            rows[name] = Variable(var.dims, _modality_codes(where, data), var.coords)
         elif name in RUN_TEXT_LABELS:
             if data.shape != (1,):
                 raise StoreError(f"{name}: expected one text per run, got shape {data.shape} in {where}")
@@ -961,6 +964,15 @@ def _stored_rows(where: str, sample_id: str, variables: dict[str, Variable]) -> 
             raise StoreError(f"{RUN_TEXT} and {', '.join(text)} in one result in {where}; expected one or the other")
         rows[RUN_TEXT] = Variable(("run",), np.array([json.dumps(text, ensure_ascii=False)], dtype=object))
     return rows
+
+
+def _modality_codes(where: str, data: np.ndarray) -> np.ndarray:
+    """`modality` as stored: int8 codes into MODALITIES (one byte a token instead of a string)."""
+    values, inverse = np.unique(data.astype(str), return_inverse=True)
+    unknown = sorted(set(values.tolist()) - set(MODALITIES))
+    if unknown:
+        raise StoreError(f"modality: {', '.join(map(repr, unknown))} in {where}; expected one of {', '.join(MODALITIES)}")
+    return np.array([MODALITIES.index(v) for v in values.tolist()], dtype=np.int8)[inverse.reshape(-1)]
 
 
 def _rows_along(arrays: dict[str, Any], dim: str) -> int:
@@ -1319,8 +1331,8 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
 def _with_derived_labels(ds: xr.Dataset, where: str) -> xr.Dataset:
     """The labels a format-3 store does not hold per row, from its run rows: each token's
     `sample` and `position` within it (`run_sample`, `run_tokens`), the same per vision-tower row
-    (`run_patches`), and the per-run text labels unpacked from RUN_TEXT. A format-2 store holds
-    them already and is returned as it is."""
+    (`run_patches`); `modality` from its int8 codes, and the per-run text labels unpacked from
+    RUN_TEXT. Labels a group holds as arrays (a format-2 store's) are left as they are."""
     if "run_sample" not in ds:
         return ds
     samples = ds["run_sample"].values
@@ -1334,6 +1346,8 @@ def _with_derived_labels(ds: xr.Dataset, where: str) -> xr.Dataset:
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         ds = ds.assign({prefix + "sample": (dim, np.repeat(samples, counts)),
                         prefix + "position": (dim, np.arange(len(starts), dtype=np.int64) - starts)})
+    if "modality" in ds and ds["modality"].dtype.kind in "iu":  # int8 codes (`_modality_codes`)
+        ds["modality"] = ("token", np.array(MODALITIES, dtype=np.dtypes.StringDType())[ds["modality"].values])
     if RUN_TEXT in ds:
         # "" (zarr's fill value): a run stored before its condition's first text label
         records = [json.loads(str(text)) if str(text) else {} for text in ds[RUN_TEXT].values]
