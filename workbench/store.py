@@ -57,6 +57,7 @@ import contextlib
 import datetime as _dt
 import errno
 import json
+import logging
 import os
 import re
 import signal
@@ -218,6 +219,20 @@ def io_failure(err: BaseException) -> str | None:
         return _IO_ERRNOS[err.errno]
     text = str(err).lower()
     return next((what for pattern, what in _IO_PATTERNS.items() if pattern in text), None)
+
+
+class _AbandonedWrites(logging.Filter):
+    """After one chunk write failed (disk full, file too large), zarr's other chunk writes of that
+    commit fail the same way, and asyncio logs each failure no one awaited, with its traceback,
+    when it is collected. The failure is already reported once, in one line (StoreIOError)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith(("Task exception was never retrieved", "Task was destroyed but it is pending"))
+                    and "zarr" in text)
+
+
+_ABANDONED_WRITES = _AbandonedWrites()
 
 
 class StoreIOError(StoreError):
@@ -434,6 +449,7 @@ class StoreWriter:
             if meaning is None:
                 raise
             self._session = self._root = None
+            logging.getLogger("asyncio").addFilter(_ABANDONED_WRITES)
             raise StoreIOError(
                 f"{what} in {self.path} failed: {meaning}; the store keeps its last commit "
                 f"({self.commits} sample(s) committed by this run)",
