@@ -1502,10 +1502,11 @@ def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
         conditions = {}
         for condition, group in sorted(model.groups()):
             n_runs = group["run_sample"].shape[0] if "run_sample" in group else 0
-            n_tokens = _rows_along(dict(group.arrays()), "token")
+            arrays = dict(group.arrays())
+            n_tokens = _rows_along(arrays, "token")
             variables = {
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
-                for name, a in sorted(group.arrays())
+                for name, a in sorted(arrays.items())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
                 if name not in (*RUN_LABELS, *TOKEN_LABELS, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and list(a.metadata.dimension_names or ()) != [name]
             }
