@@ -194,11 +194,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path, sync: Callable[[], Any]) -> tuple[float, float, int]:
+class _Discarding:
+    """Takes results and stores none: the diagnostic arm that times a run's loop without its store."""
+
+    commits = 0
+
+    def __init__(self, summary: Any):
+        self.summary = summary
+
+    def put_group(self, results: list[tuple]) -> None:
+        self.summary.written += len(results)
+
+
+def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path,
+                sync: Callable[[], Any], store_writes: bool = True) -> tuple[float, float, int, float]:
     """The workbench's own run loop (`workbench.runner._Run.todo`, the background writer) over
     `samples` with the plan of `spec_text` compiled against `model` itself, until every result is
-    committed. Returns (CPU seconds of the process, wall seconds, commits); opening and closing
-    the store (once per run) are outside the timing."""
+    committed. Returns (CPU seconds of the process, wall seconds, commits, CPU seconds of the
+    calling thread: the forwards' side, the rest being the writer's threads); opening and closing
+    the store (once per run) are outside the timing. `store_writes=False`: the results are
+    dropped instead of written (a diagnostic: what the loop costs without its store)."""
+    import contextlib
+
     from tqdm.auto import tqdm
 
     from workbench.data import input_hash
@@ -216,10 +233,11 @@ def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path
                    str(model.device), "auto", None, {model.model_id: model}, None)
         todo = [(plan, s, c) for s in samples for c in plan.conditions]
         sync()
-        cpu, wall = time.process_time(), time.perf_counter()
-        with result_writer(store, spec, summary, bar) as writer:
+        cpu, wall, main = time.process_time(), time.perf_counter(), time.thread_time()
+        writing = result_writer(store, spec, summary, bar) if store_writes else contextlib.nullcontext(_Discarding(summary))
+        with writing as writer:
             run.todo(todo, writer)
         sync()
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        cpu, wall, main = time.process_time() - cpu, time.perf_counter() - wall, time.thread_time() - main
     assert summary.written == len(todo), (summary.written, len(todo))
-    return cpu, wall, getattr(writer, "commits", len(todo))
+    return cpu, wall, getattr(writer, "commits", len(todo)), main

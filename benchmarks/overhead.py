@@ -51,19 +51,21 @@ def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None
 
 
 def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
-                   commit_interval_s: float | None = None) -> tuple[float, float, int]:
-    """The runner's loop over `samples` (`common.runner_loop`); returns (CPU s, wall s, commits)."""
+                   commit_interval_s: float | None = None, store_writes: bool = True) -> tuple[float, float, int, float]:
+    """The runner's loop over `samples` (`common.runner_loop`); returns (CPU s, wall s, commits,
+    CPU s of this thread)."""
     # the spec names a known model to validate; the plan is compiled against `model` itself (a
     # real-size random-weight model has no hub id)
     text = SPEC.format(model="tiny-smolvlm", n=len(samples), store=store_path)
     if commit_interval_s is not None:
         text += f"backend: {{commit_interval_s: {commit_interval_s}}}\n"
-    return runner_loop(model, text, samples, store_path, sync)
+    return runner_loop(model, text, samples, store_path, sync, store_writes)
 
 
 def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | None = None,
-            commit_interval_s: float | None = None) -> dict[str, Any]:
-    """Per-sample CPU and wall time of both loops over `n` built-in samples, and their ratios."""
+            commit_interval_s: float | None = None, store_writes: bool = True) -> dict[str, Any]:
+    """Per-sample CPU and wall time of both loops over `n` built-in samples, and their ratios.
+    store_writes=False: the workbench arm drops its results (a diagnostic, see `tiny`)."""
     import torch
 
     from workbench.data import builtin_samples
@@ -76,15 +78,18 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
     commits: list[int] = []
     wb_cpu: list[float] = []
     wb_wall: list[float] = []
+    wb_main: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=workdir) as tmp:
         def baseline(i: int) -> None:
             plain_loop(model, samples, Path(tmp), sync)
 
         def workbench(i: int) -> None:
-            cpu, wall, k = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s)
+            cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s,
+                                                store_writes)
             if i >= 0:
                 wb_cpu.append(cpu)
                 wb_wall.append(wall)
+                wb_main.append(main)
                 commits.append(k)
 
         paired = interleave(baseline, workbench, repeats, warmup)
@@ -102,17 +107,25 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
         "workbench_cpu_per_sample_s": round(median(wb_cpu) / n, 6),
         "workbench_wall_per_sample_s": round(median(wb_wall) / n, 6),
         "ratio": round(median(wb_cpu) / base_cpu, 4),
+        # where the ratio goes: the forwards' thread (nnsight, labels), and the writer's threads
+        # (zarr, icechunk: on a GPU host they run on otherwise idle cores); the plain loop is one thread
+        "main_thread_ratio": round(median(wb_main) / base_cpu, 4),
+        "writer_threads_share": round(median([c - m for c, m in zip(wb_cpu, wb_main)]) / base_cpu, 4),
         "wall_ratio": round(median(wb_wall) / base_wall, 4),
         "commits": commits,
         "commit_interval_s": commit_interval_s,
+        "store_writes": store_writes,
     })
     return out
 
 
 def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 128, repeats: int = 3,
          workdir: Path | None = None) -> dict[str, Any]:
-    """The tiny models (a fast forward: the proxy for a GPU), and for contrast one commit per
-    forward (`commit_interval_s: 0`, what every result cost before commits were gathered)."""
+    """The tiny models (a fast forward: the proxy for a GPU), and two diagnostics: one commit per
+    forward (`commit_interval_s: 0`, what every result cost before commits were gathered), and
+    the run's loop with its results dropped instead of stored (what the forwards' side costs
+    alone: nnsight, labels; its forwards' thread against the gathered run's shows what the
+    writer's threads cost the forwards by running beside them)."""
     from workbench.models.model import load_model
 
     out = {}
@@ -121,6 +134,7 @@ def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 12
         out[name] = measure(model, n, repeats, workdir=workdir)
         out[f"{name} | commit per forward"] = measure(model, max(4, n // 16), 2, workdir=workdir,
                                                       commit_interval_s=0)
+        out[f"{name} | no store"] = measure(model, n, max(2, repeats - 2), workdir=workdir, store_writes=False)
         del model
     return out
 

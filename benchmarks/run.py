@@ -40,10 +40,10 @@ SIZES = {
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                 overhead=(128, 3), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                 overhead=(128, 5), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                  overhead=(128, 3), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                  overhead=(128, 5), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,
                   overhead=(4, 1), overhead_real=(1, 1), resume=dict(samples=4, shape=(64, 3, 128), repeats=1)),
@@ -402,8 +402,10 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
     for r in found:
         real = r.get("real_size", False)
         target = TARGETS["overhead_real" if real else "overhead_tiny"]
-        gathered = r.get("commit_interval_s") != 0
-        label = "per-sample overhead of a run" + ("" if gathered else " (diagnostic: a commit per forward)")
+        stored = r.get("store_writes", True)
+        gathered = r.get("commit_interval_s") != 0 and stored
+        label = "per-sample overhead of a run" + (
+            "" if gathered else " (diagnostic: a commit per forward)" if stored else " (diagnostic: results dropped, no store)")
         out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
                         f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
                         f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "
@@ -411,8 +413,16 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
                         r["ratio"], r["wall_ratio"], r["noise"], f"≤ {target:.2f}" if gathered else "—",
                         r["ratio"] <= target if gathered else None,
                         "plain loop: encode + forward + hidden states of every layer to host + np.save; "
-                        "CPU of all threads"))
+                        "CPU of all threads" + _split_note(r)))
     return out
+
+
+def _split_note(r: dict[str, Any]) -> str:
+    """Where a run's CPU went, as shares of the plain loop's: its forwards' thread, its writer's."""
+    if "main_thread_ratio" not in r:
+        return ""
+    return (f"; forwards' thread {r['main_thread_ratio']:.2f}, writer threads +{r['writer_threads_share']:.2f} "
+            "(of the plain loop's CPU)")
 
 
 def _store_note(st: dict[str, Any]) -> str:
