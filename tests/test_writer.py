@@ -240,3 +240,63 @@ def test_a_store_of_another_format_is_refused_for_writing_and_left_as_it_was(tmp
     with pytest.raises(StorePathError, match=f"has store format {STORE_FORMAT - 1}; this workbench writes format {STORE_FORMAT}"):
         StoreWriter(path)
     assert store_history(path) == before
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunks(tmp_path, monkeypatch, cache):
+    """The writer keeps each array's partial last chunk (as committed) and writes an append from
+    that chunk's start, so zarr never reads a chunk back: random sample lengths over small
+    chunks, commits of several results, a refused commit, and a reopened writer (which reads
+    each partial chunk back once) still read back equal to the inputs. With the cache off
+    (`_TAIL_CACHE_BYTES = 0`) zarr reads the chunks, which shows that the count is real."""
+    import zarr.storage
+
+    import workbench.store as store_module
+
+    monkeypatch.setattr(store_module, "_CHUNK_BYTES", 2048)  # 64 rows of 8 float32s
+    monkeypatch.setitem(store_module._LABEL_CHUNK, "token", 48)
+    monkeypatch.setitem(store_module._LABEL_CHUNK, "run", 4)
+    if cache == "off":
+        monkeypatch.setattr(store_module, "_TAIL_CACHE_BYTES", 0)
+    reads: list[str] = []
+    get = zarr.storage.StorePath.get
+
+    async def counting_get(self, *args, **kwargs):
+        if "/c/" in self.path or "/c" == self.path[-2:]:
+            reads.append(self.path)
+        return await get(self, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.storage.StorePath, "get", counting_get)
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 90, size=14)
+    texts = ["é", "a b", "<img>", "x" * 30]
+
+    def result(i, n):
+        return {"token_id": Variable(("token",), rng.integers(0, 1000, n)),
+                "token_text": Variable(("token",), np.array([texts[(i + k) % 4] for k in range(n)], dtype=object)),
+                "hidden": Variable(("token", "layer", "dim"), rng.standard_normal((n, 2, 8)).astype(np.float32))}
+
+    inputs = [(f"s{i}", result(i, int(n))) for i, n in enumerate(lengths)]
+    path = tmp_path / "s.zarr"
+    groups = [[0], [1, 2, 3], [4], [5, 6], [7]], [[8, 9], [10], [11, 12, 13]]
+    for part, commits in enumerate(groups):  # a second writer reopens the store
+        with StoreWriter(path) as store:
+            store.ensure_model("m", {"family": "x"})
+            for k, commit in enumerate(commits):
+                if k == 1:
+                    reads.clear()  # from here on each array's tail is this writer's own
+                    # refused after "c" was staged: nothing of it is committed, and no tail moves
+                    bad = {**result(0, 3), "hidden": Variable(("token", "layer", "dim"), np.zeros((3, 2, 9)))}
+                    with pytest.raises(StoreError, match="does not match"):
+                        store.write_samples([("m", "c", f"new{part}", inputs[commit[0]][1], None, ""),
+                                             ("m", "c2", "t0", result(0, 3), None, ""), ("m", "c2", "t1", bad, None, "")])
+                store.write_samples([("m", "c", *inputs[i], None, "") for i in commit])
+            if cache == "on":
+                assert reads == []
+            else:
+                assert reads
+    ds = open_store(path, model="m", index=False)
+    assert ds.sample.values.tolist() == [s for s, v in inputs for _ in range(len(v["token_id"].data))]
+    for name in ("token_id", "token_text", "hidden"):
+        expected = np.concatenate([v[name].data for _, v in inputs])
+        assert (ds[name].values == expected).all(), name

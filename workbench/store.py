@@ -88,6 +88,9 @@ MODALITIES = ("vision", "boundary", "text")
 # stores): a sample's write 0.73x the CPU (a commit re-encodes less of each partial last chunk),
 # but an analysis pass over the store 1.45x (4x the chunks read, ~0.85 ms each): not kept
 _CHUNK_BYTES = 2 * 1024 * 1024
+# the writer keeps each array's partial last chunk in memory (so that an append does not read it
+# back and decode it), at most this much in all
+_TAIL_CACHE_BYTES = 256 << 20
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
@@ -645,24 +648,37 @@ class StoreWriter:
                 pending = [_staged_rows(group.path, state, sample_id, variables, input_hash, known)
                            for _, _, sample_id, variables, _, input_hash in items]
                 layout = _Layout.of(state)
-                metadata = dict(state.metadata)  # the state's own copy changes only once committed
+                # the state's own copies change only once committed
+                metadata, tails = dict(state.metadata), dict(state.tails)
                 for run in _same_names(pending):
                     block = _concat_rows([p.rows for p in run])
                     # every array's create/resize/write in one batch: one trip through zarr's event loop
-                    zarr.core.sync.sync(self._append_all(group._async_group, block, layout, metadata))
+                    zarr.core.sync.sync(self._append_all(group._async_group, block, layout, metadata, tails))
                     layout.advance(block)
-                staged.append((state, pending, metadata))
+                staged.append((state, pending, metadata, tails))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(what + note, len(results))
         if self._pending_provenance is not None:
             self._provenance_written += self._pending_provenance
         self._pending_provenance = None
-        for state, pending, metadata in staged:
+        for state, pending, metadata, tails in staged:
             for item in pending:
                 state.commit(item.sample_id, item.n_tokens, item.shapes, item.rows, item.n_patches)
-            state.metadata = metadata
+            state.metadata, state.tails = metadata, tails
+        self._trim_tails()
         return snapshot
+
+    def _trim_tails(self) -> None:
+        """Keep the cached partial last chunks under _TAIL_CACHE_BYTES in all (a dropped one is
+        read back from the store at its array's next append, as zarr itself would)."""
+        total = 0
+        for state in self._states.values():
+            for name, tail in list(state.tails.items()):
+                total += tail.nbytes
+                if total > _TAIL_CACHE_BYTES:
+                    total -= tail.nbytes
+                    del state.tails[name]
 
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
         key = model_key(model_id)
@@ -687,11 +703,14 @@ class StoreWriter:
         return self._states[key]
 
     async def _append_all(self, group: Any, rows: dict[str, Variable], layout: _Layout,
-                          metadata: dict[str, Any]) -> None:
+                          metadata: dict[str, Any], tails: dict[str, np.ndarray]) -> None:
         """Create or resize and write every array of `rows` at the layout's offsets. `metadata`:
         the arrays' zarr metadata as this writer last committed them, updated here; an array
         known there is not looked up again (a read and parse of its zarr.json, ~0.5 ms per array
-        per commit, a tenth of a small commit's cost)."""
+        per commit, a tenth of a small commit's cost). `tails`: each array's rows after its last
+        chunk boundary, as committed, updated here. An append that starts inside a chunk is
+        written from that chunk's start with the tail before it, so zarr encodes the chunk
+        without first reading and decoding the stored one."""
         import asyncio
 
         from zarr.core.array import AsyncArray
@@ -715,7 +734,16 @@ class StoreWriter:
                 data = data.astype(object)
             elif data.dtype != array.dtype:  # no copy when the capture already is float32
                 data = data.astype(array.dtype)
-            await array.setitem(slice(offset, offset + data.shape[0]), data)
+            end = offset + data.shape[0]
+            chunk = array.metadata.chunks[0]
+            start = offset - offset % chunk
+            if start < offset:  # the last stored chunk is partial: write it whole
+                tail = tails.get(name)
+                if tail is None or len(tail) != offset - start:  # not cached: read it back, once
+                    tail = await array.getitem(slice(start, offset))
+                data = np.concatenate([np.asarray(tail, dtype=data.dtype), data])
+            await array.setitem(slice(start, end), data)
+            tails[name] = data[end - end % chunk - start:].copy()  # at most a chunk; not a view of the block
 
         await asyncio.gather(*(append(name, var) for name, var in rows.items()))
 
@@ -884,6 +912,8 @@ class _ConditionState:
     patches: int = 0
     # each array's zarr metadata as last committed by this writer (filled as it appends)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # each array's committed rows after its last chunk boundary (filled as it appends)
+    tails: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def read(cls, group: zarr.Group) -> _ConditionState:
