@@ -242,13 +242,14 @@ def test_a_store_of_another_format_is_refused_for_writing_and_left_as_it_was(tmp
     assert store_history(path) == before
 
 
-@pytest.mark.parametrize("cache", ["on", "off"])
+@pytest.mark.parametrize("cache", ["on", "off", "labels only"])
 def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunks(tmp_path, monkeypatch, cache):
-    """The writer keeps each array's partial last chunk (as committed) and writes an append from
-    that chunk's start, so zarr never reads a chunk back: random sample lengths over small
+    """The writer keeps each array's partial last chunk row (as committed) and writes an append
+    from that chunk's start, so zarr never reads a chunk back: random sample lengths over small
     chunks, commits of several results, a refused commit, and a reopened writer (which reads
     each partial chunk back once) still read back equal to the inputs. With the cache off
-    (`_TAIL_CACHE_BYTES = 0`) zarr reads the chunks, which shows that the count is real."""
+    (`_TAIL_CACHE_BYTES = 0`) zarr reads the chunks, which shows that the count is real; with a
+    per-array limit below the capture's chunk row (its bytes), zarr merges into the capture's chunks itself."""
     import zarr.storage
 
     import workbench.store as store_module
@@ -258,6 +259,8 @@ def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunk
     monkeypatch.setitem(store_module._LABEL_CHUNK, "run", 4)
     if cache == "off":
         monkeypatch.setattr(store_module, "_TAIL_CACHE_BYTES", 0)
+    elif cache == "labels only":  # a hidden chunk row is 64 x 64 bytes, a label one at most 48 x 8
+        monkeypatch.setattr(store_module, "_TAIL_ARRAY_BYTES", 400)
     reads: list[str] = []
     get = zarr.storage.StorePath.get
 
@@ -295,6 +298,7 @@ def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunk
                 assert reads == []
             else:
                 assert reads
+                assert cache == "off" or {r.split("/")[2] for r in reads} == {"hidden"}
     ds = open_store(path, model="m", index=False)
     assert ds.sample.values.tolist() == [s for s, v in inputs for _ in range(len(v["token_id"].data))]
     for name in ("token_id", "token_text", "hidden"):

@@ -88,9 +88,13 @@ MODALITIES = ("vision", "boundary", "text")
 # stores): a sample's write 0.73x the CPU (a commit re-encodes less of each partial last chunk),
 # but an analysis pass over the store 1.45x (4x the chunks read, ~0.85 ms each): not kept
 _CHUNK_BYTES = 2 * 1024 * 1024
-# the writer keeps each array's partial last chunk in memory (so that an append does not read it
-# back and decode it), at most this much in all
-_TAIL_CACHE_BYTES = 256 << 20
+# The writer keeps each array's partial last chunk row in memory, so that an append does not read
+# it back and decode it: the label arrays', and captures' where a chunk row is small (a tiny
+# model's: 8 MiB; a 2B model's spans every layer, ~50 MB, and caching it raised the peak RSS of
+# `wide` in benchmarks section 4 by 70-270 MB at 16 samples: the tails and the block written
+# with its tail). Arrays whose chunk row is at most _TAIL_ARRAY_BYTES; _TAIL_CACHE_BYTES in all.
+_TAIL_ARRAY_BYTES = 4 * _CHUNK_BYTES
+_TAIL_CACHE_BYTES = 64 << 20
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
@@ -670,8 +674,8 @@ class StoreWriter:
         return snapshot
 
     def _trim_tails(self) -> None:
-        """Keep the cached partial last chunks under _TAIL_CACHE_BYTES in all (a dropped one is
-        read back from the store at its array's next append, as zarr itself would)."""
+        """Keep the cached partial last chunk rows under _TAIL_CACHE_BYTES in all (a dropped one
+        is read back from the store at its array's next append, as zarr itself would)."""
         total = 0
         for state in self._states.values():
             for name, tail in list(state.tails.items()):
@@ -737,13 +741,17 @@ class StoreWriter:
             end = offset + data.shape[0]
             chunk = array.metadata.chunks[0]
             start = offset - offset % chunk
-            if start < offset:  # the last stored chunk is partial: write it whole
+            cached = chunk * (data.nbytes // max(1, len(data))) <= _TAIL_ARRAY_BYTES
+            if start < offset and cached:  # the last chunk row is partial: write it whole
                 tail = tails.get(name)
                 if tail is None or len(tail) != offset - start:  # not cached: read it back, once
                     tail = await array.getitem(slice(start, offset))
                 data = np.concatenate([np.asarray(tail, dtype=data.dtype), data])
+            else:  # zarr merges the rows into the stored chunk (a read and decode of it)
+                start = offset
             await array.setitem(slice(start, end), data)
-            tails[name] = data[end - end % chunk - start:].copy()  # at most a chunk; not a view of the block
+            if cached:
+                tails[name] = data[end - end % chunk - start:].copy()  # not a view: that would keep the block alive
 
         await asyncio.gather(*(append(name, var) for name, var in rows.items()))
 
