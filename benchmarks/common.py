@@ -44,6 +44,8 @@ class Paired:
     candidate: list[float] = field(default_factory=list)
     baseline_wall: list[float] = field(default_factory=list)
     candidate_wall: list[float] = field(default_factory=list)
+    baseline_steal: list[float] = field(default_factory=list)     # the host's steal, all vCPUs (s)
+    candidate_steal: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -59,6 +61,16 @@ class Paired:
     def wall_ratio(self) -> float:
         return median(self.candidate_wall) / median(self.baseline_wall)
 
+    def pair_ratio_ci(self) -> tuple[float, float, float] | None:
+        """`ratio_ci` of the pairs' CPU ratios candidate_i / baseline_i."""
+        return ratio_ci([c / b for c, b in zip(self.candidate, self.baseline)])
+
+    def steal_share(self) -> float:
+        """What share of the timed runs' vCPU time the host took back (steal), both arms."""
+        wall = sum(self.baseline_wall) + sum(self.candidate_wall)
+        steal = sum(self.baseline_steal) + sum(self.candidate_steal)
+        return steal / (wall * (os.cpu_count() or 1)) if wall else 0.0
+
     def summary(self) -> dict[str, Any]:
         r = lambda xs: [round(t, 6) for t in xs]  # noqa: E731
         return {
@@ -72,7 +84,34 @@ class Paired:
             "pair_ratio": round(self.pair_ratio, 4),
             "wall_ratio": round(self.wall_ratio, 4),
             "noise": round(spread(self.candidate) + spread(self.baseline), 4),
+            "pair_ratios": [round(c / b, 4) for c, b in zip(self.candidate, self.baseline)],
+            "steal_share": round(self.steal_share(), 4),
+            **ci_fields(self.pair_ratio_ci()),
         }
+
+
+def ratio_ci(ratios: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """The geometric mean of paired ratios and its `level` bootstrap confidence interval (BCa
+    over the pairs): (mean, low, high); None for fewer than 3 pairs. A pair's two arms run back
+    to back, so they share most of the host's contention of the moment, which is what makes a
+    single run's time swing on this VM; the interval says what the pairs, together, show."""
+    if len(ratios) < 3:
+        return None
+    import numpy as np
+    from scipy import stats
+
+    logs = np.log(ratios)
+    if np.ptp(logs) == 0:  # no spread: no interval to estimate (BCa would divide by zero)
+        return float(ratios[0]), float(ratios[0]), float(ratios[0])
+    ci = stats.bootstrap((logs,), np.mean, confidence_level=level, n_resamples=4999, method="BCa",
+                         random_state=np.random.default_rng(0)).confidence_interval
+    return float(np.exp(logs.mean())), float(np.exp(ci.low)), float(np.exp(ci.high))
+
+
+def ci_fields(ci: tuple[float, float, float] | None) -> dict[str, Any]:
+    if ci is None:
+        return {}
+    return {"pair_gmean": round(ci[0], 4), "pair_ci95": [round(ci[1], 4), round(ci[2], 4)]}
 
 
 def spread(values: list[float]) -> float:
@@ -91,6 +130,18 @@ def cpu_time() -> float:
     return time.process_time()
 
 
+def steal_time() -> float:
+    """Seconds the hypervisor ran something else while this VM's vCPUs wanted to run (steal,
+    summed over vCPUs; /proc/stat), 0.0 where the kernel does not report it. On this project's
+    VM the CPU time of a fixed loop rises with it: the host's other tenants also share caches."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """(CPU seconds, wall seconds, result) of fn()."""
     gc.collect()
@@ -106,13 +157,15 @@ def interleave(baseline: Callable[[int], Any], candidate: Callable[[int], Any], 
         baseline(-1 - i)
         candidate(-1 - i)
     out = Paired()
-    sinks = {baseline: (out.baseline, out.baseline_wall), candidate: (out.candidate, out.candidate_wall)}
+    sinks = {baseline: (out.baseline, out.baseline_wall, out.baseline_steal),
+             candidate: (out.candidate, out.candidate_wall, out.candidate_steal)}
     for i in range(repeats):
         order = (baseline, candidate) if i % 2 == 0 else (candidate, baseline)
         for fn in order:
+            steal = steal_time()
             cpu, wall, _ = timed(lambda: fn(i))
-            sinks[fn][0].append(cpu)
-            sinks[fn][1].append(wall)
+            for sink, value in zip(sinks[fn], (cpu, wall, steal_time() - steal)):
+                sink.append(value)
     return out
 
 

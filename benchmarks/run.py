@@ -40,10 +40,10 @@ SIZES = {
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                 overhead=(128, 5), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                 overhead=(128, 10), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                  overhead=(128, 5), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                  overhead=(128, 10), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,
                   overhead=(4, 1), overhead_real=(1, 1), resume=dict(samples=4, shape=(64, 3, 128), repeats=1)),
@@ -410,11 +410,29 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
                         f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
                         f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "
                         f"{'/'.join(map(str, r['commits']))} commits)",
-                        r["ratio"], r["wall_ratio"], r["noise"], f"≤ {target:.2f}" if gathered else "—",
-                        r["ratio"] <= target if gathered else None,
+                        r["ratio"], r["wall_ratio"], r["noise"],
+                        (f"≤ {target:.2f}" + (" (CI's upper end)" if "pair_ci95" in r else "")) if gathered else "—",
+                        overhead_met(r, target) if gathered else None,
                         "plain loop: encode + forward + hidden states of every layer to host + np.save; "
-                        "CPU of all threads" + _split_note(r)))
+                        "CPU of all threads" + _ci_note(r) + _split_note(r)))
     return out
+
+
+def overhead_met(r: dict[str, Any], target: float) -> bool:
+    """A target is met where the whole 95 % interval of the paired ratios is within it (with
+    fewer than 3 pairs, where the ratio of medians is): one run's ratio swings by ±10-27 % on
+    this VM, so a ratio under the target alone does not show that the workbench is."""
+    if "pair_ci95" in r:
+        return r["pair_ci95"][1] <= target
+    return r["ratio"] <= target
+
+
+def _ci_note(r: dict[str, Any]) -> str:
+    if "pair_ci95" not in r:
+        return ""
+    low, high = r["pair_ci95"]
+    return (f"; {len(r['pair_ratios'])} pairs: geometric mean {r['pair_gmean']:.3f}, 95 % CI [{low:.3f}, {high:.3f}]; "
+            f"host steal {100 * r.get('steal_share', 0):.1f} % of vCPU time")
 
 
 def _split_note(r: dict[str, Any]) -> str:
