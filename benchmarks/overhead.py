@@ -3,7 +3,8 @@ against a plain loop over the same samples, both start to end.
 
 - plain loop: per sample, encode it (`WorkbenchModel.encode`, the processor call both arms make),
   one transformers forward with `output_hidden_states=True` under `inference_mode`, the hidden
-  states of every layer stacked, copied to host float32 and `np.save`d;
+  states of every layer stacked, copied to host float32 and `np.save`d, into a new folder each
+  repeat (as the workbench arm writes a new store);
 - workbench: the runner's loop (`workbench.runner._Run.todo`: encoding, one nnsight trace per
   (sample, condition) capturing the residual stream at every layer, token labels and decoded
   token texts, the non-finite check, the background writer gathering what arrives within
@@ -81,7 +82,12 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
     wb_main: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=workdir) as tmp:
         def baseline(i: int) -> None:
-            plain_loop(model, samples, Path(tmp), sync)
+            # new files in a new folder each repeat, as the workbench arm writes a new store:
+            # overwriting the same files would spare the plain loop the file system's inode
+            # allocation, which the store's chunk and manifest files pay
+            out_dir = Path(tmp) / f"plain{i}"
+            out_dir.mkdir()
+            plain_loop(model, samples, out_dir, sync)
 
         def workbench(i: int) -> None:
             cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s,
@@ -124,13 +130,19 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
     return out
 
 
+# the forwards of one model in the seed's α sweep (80 samples x 9 conditions): a run's length
+SEED_RUN = 720
+
+
 def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 128, repeats: int = 10,
-         workdir: Path | None = None) -> dict[str, Any]:
-    """The tiny models (a fast forward: the proxy for a GPU), and two diagnostics: one commit per
-    forward (`commit_interval_s: 0`, what every result cost before commits were gathered), and
+         workdir: Path | None = None, long_run: int | None = SEED_RUN) -> dict[str, Any]:
+    """The tiny models (a fast forward: the proxy for a GPU), and three diagnostics: one commit
+    per forward (`commit_interval_s: 0`, what every result cost before commits were gathered),
     the run's loop with its results dropped instead of stored (what the forwards' side costs
     alone: nnsight, labels; its forwards' thread against the gathered run's shows what the
-    writer's threads cost the forwards by running beside them)."""
+    writer's threads cost the forwards by running beside them), and, for the first model, a run
+    as long as one model's α sweep in the seed (`long_run` forwards: commits are paced and cut
+    by bytes there, where a run of `n` makes about two)."""
     from workbench.models.model import load_model
 
     out = {}
@@ -140,6 +152,9 @@ def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 12
         out[f"{name} | commit per forward"] = measure(model, max(4, n // 16), 2, workdir=workdir,
                                                       commit_interval_s=0)
         out[f"{name} | no store"] = measure(model, n, max(2, repeats // 2), workdir=workdir, store_writes=False)
+        if long_run and name == models[0]:
+            out[f"{name} | {long_run} forwards"] = {**measure(model, long_run, max(3, repeats // 2), workdir=workdir),
+                                                    "long_run": True}
         del model
     return out
 

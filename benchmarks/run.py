@@ -40,13 +40,13 @@ SIZES = {
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                 overhead=(128, 10), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                 overhead=(128, 10), overhead_long=720, overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                  overhead=(128, 10), overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
+                  overhead=(128, 10), overhead_long=720, overhead_real=(2, 2), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,
-                  overhead=(4, 1), overhead_real=(1, 1), resume=dict(samples=4, shape=(64, 3, 128), repeats=1)),
+                  overhead=(4, 1), overhead_long=8, overhead_real=(1, 1), resume=dict(samples=4, shape=(64, 3, 128), repeats=1)),
 }
 
 
@@ -147,7 +147,8 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
     if "overhead" in sections:
         n, repeats = size["overhead"]
         models = ("tiny-smolvlm", "tiny-qwen3vl") if mode != "smoke" else ("tiny-qwen3vl",)
-        _section(sec, "overhead_tiny", lambda: overhead.tiny(models, n=n, repeats=repeats, workdir=workdir), log)
+        _section(sec, "overhead_tiny", lambda: overhead.tiny(models, n=n, repeats=repeats, workdir=workdir,
+                                                             long_run=size["overhead_long"]), log)
         save()
     if "capture" in sections:
         variants = ("layers", "layers+attention") if mode != "smoke" else ("layers+attention",)
@@ -405,7 +406,7 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
         stored = r.get("store_writes", True)
         gathered = r.get("commit_interval_s") != 0 and stored
         label = "per-sample overhead of a run" + (
-            "" if gathered else " (diagnostic: a commit per forward)" if stored else " (diagnostic: results dropped, no store)")
+            " (a run as long as one model's α sweep in the seed)" if r.get("long_run") else "" if gathered else " (diagnostic: a commit per forward)" if stored else " (diagnostic: results dropped, no store)")
         out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
                         f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
                         f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "

@@ -65,7 +65,8 @@ def test_steal_time_counts_up_from_zero():
 
 
 def test_interleave_records_steal_and_the_pairs_interval():
-    paired = interleave(lambda i: sum(range(20_000)), lambda i: sum(range(30_000)), repeats=4, warmup=0)
+    # arms of tens of ms: steal is counted in ticks of 10 ms
+    paired = interleave(lambda i: sum(range(1_000_000)), lambda i: sum(range(1_500_000)), repeats=4, warmup=0)
     summary = paired.summary()
     assert len(paired.baseline_steal) == len(paired.candidate_steal) == 4
     assert all(s >= 0 for s in paired.baseline_steal + paired.candidate_steal)

@@ -41,7 +41,9 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     sec = data["sections"]
     assert set(sec) == {"overhead_tiny", "capture_tiny", "store", "merge", "resume", "sweep", "analyses_tiny", "memory_tiny"}
     ov = sec["overhead_tiny"]
-    assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward", "tiny-qwen3vl | no store"}
+    assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward", "tiny-qwen3vl | no store",
+                       "tiny-qwen3vl | 8 forwards"}
+    assert ov["tiny-qwen3vl | 8 forwards"]["samples"] == 8 and len(ov["tiny-qwen3vl | 8 forwards"]["pair_ratios"]) == 3
     assert ov["tiny-qwen3vl | no store"]["store_writes"] is False and ov["tiny-qwen3vl | no store"]["commits"] == [0, 0]
     assert ov["tiny-qwen3vl"]["samples"] == 4 and _number(ov["tiny-qwen3vl"]["ratio"]) and _number(ov["tiny-qwen3vl"]["wall_ratio"])
     # the ratio split into the forwards' thread and the writer's threads: with one repeat (no

@@ -140,6 +140,32 @@ def test_closing_writes_everything_queued_without_waiting_out_intervals(tmp_path
     assert len(open_store(tmp_path / "bg.zarr", model=store_drill.MODEL).run_sample) == 4
 
 
+def test_a_commit_gathers_its_full_share_while_the_one_before_it_is_written(tmp_path):
+    """The gathering cap counts the results waiting for a commit, not the ones being written:
+    with results arriving faster than a commit's worth is written, every commit but the last
+    (at close) holds a full cap of results. Counting the results in flight too had cut every
+    commit after the first at about half its size (twice the commits' fixed cost)."""
+    hidden = {"token_id": Variable(("token",), np.arange(3)), "hidden": Variable(("token", "dim"), np.zeros((3, 2)))}
+    sizes = []
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        write = store.write_samples
+
+        def slow_write(results):
+            sizes.append(len(results))
+            time.sleep(0.05)  # a commit's worth of results arrives in 0.1 s: half of it meanwhile
+            return write(results)
+
+        store.write_samples = slow_write
+        with BackgroundWriter(store, commit_interval=60.0) as writer:
+            writer._gather_bytes = 10 * captured_bytes(hidden)
+            for i in range(45):
+                writer.put("m", "c", f"s{i}", hidden)
+                time.sleep(0.01)
+    assert sum(sizes) == 45 and sizes[:-1] == [10] * (len(sizes) - 1), sizes
+    assert len(open_store(tmp_path / "s.zarr", model="m").run_sample) == 45
+
+
 @pytest.mark.parametrize("second", ["shape", "coordinate"])
 def test_results_of_one_commit_must_agree_with_each_other(tmp_path, second):
     """Gathered results of one new condition are appended as one block: a later result whose

@@ -67,7 +67,8 @@ class BackgroundWriter(_Writer):
         self._cut = threading.Event()  # commit now: the caller waits for room, or a stop
         self._closing = False
         self.on_written = on_written or (lambda model, condition, sample: None)
-        self.queued_bytes = 0
+        self.queued_bytes = 0  # captures put and not yet committed (those being written included)
+        self._waiting_bytes = 0  # of those, the ones no commit has taken yet
         self.peak_bytes = 0
         self._room = threading.Condition()
         self._queue: queue.Queue = queue.Queue()
@@ -87,8 +88,11 @@ class BackgroundWriter(_Writer):
                 self._room.wait(0.05)
             self._raise_error()
             self.queued_bytes += size
+            self._waiting_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
-            if self.queued_bytes >= self._gather_bytes:
+            # a commit's worth is waiting: commit it now (what is being written does not count,
+            # or every commit would be cut at half its size while the one before it is written)
+            if self._waiting_bytes >= self._gather_bytes:
                 self._cut.set()
         self._queue.put((size, results))
 
@@ -129,6 +133,10 @@ class BackgroundWriter(_Writer):
                 self._cut.wait(max(0.0, self._last_commit + self.pace() - time.monotonic()))
                 self._cut.clear()
             gathered, size, stop = self._gather(item)
+            with self._room:
+                self._waiting_bytes -= size
+                if self._waiting_bytes >= self._gather_bytes:
+                    self._cut.set()  # a backlog of another commit's worth: no interval to wait out
             try:
                 if self._error is None:
                     self._write([r for _, results in gathered for r in results], [r for _, r in gathered])
