@@ -688,15 +688,14 @@ class StoreWriter:
         key = model_key(model_id)
         if (key, condition) in self._states:  # known to exist: skip the lookups
             return root[f"{key}/{condition}"]
+        # each group's attributes in one metadata write (`attrs.update` rewrites it once per key)
         if "workbench_format" not in root.attrs:
-            root.attrs.update({"workbench_format": STORE_FORMAT, "provenance": []})
+            root.update_attributes({"workbench_format": STORE_FORMAT, "provenance": []})
         if key not in root:
-            model = root.create_group(key)
-            model.attrs.update(self._models.get(model_id) or {"model_id": model_id})
+            root.create_group(key, attributes=self._models.get(model_id) or {"model_id": model_id})
         model = root[key]
         if condition not in model:
-            group = model.create_group(condition)
-            group.attrs.update(_jsonable({**attrs, "condition": condition}))
+            return model.create_group(condition, attributes=_jsonable({**attrs, "condition": condition}))
         return model[condition]
 
     def _state(self, model_id: str, condition: str, group: zarr.Group) -> _ConditionState:
