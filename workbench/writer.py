@@ -90,11 +90,11 @@ class BackgroundWriter(_Writer):
             self.queued_bytes += size
             self._waiting_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
+            self._queue.put((size, results))  # before the cut, so the thread finds it queued
             # a commit's worth is waiting: commit it now (what is being written does not count,
-            # or every commit would be cut at half its size while the one before it is written)
+            # or every commit would be cut at about half its size while the one before it is written)
             if self._waiting_bytes >= self._gather_bytes:
                 self._cut.set()
-        self._queue.put((size, results))
 
     def close(self) -> None:
         """Write everything queued, stop the thread, raise its error if it had one."""
