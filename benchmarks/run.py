@@ -406,7 +406,9 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
         stored = r.get("store_writes", True)
         gathered = r.get("commit_interval_s") != 0 and stored
         label = "per-sample overhead of a run" + (
-            " (a run as long as one model's α sweep in the seed)" if r.get("long_run") else "" if gathered else " (diagnostic: a commit per forward)" if stored else " (diagnostic: results dropped, no store)")
+            " (a run as long as one model's α sweep in the seed)" if r.get("long_run")
+            else "" if gathered else " (diagnostic: a commit per forward)" if stored
+            else " (diagnostic: results dropped, no store)")
         out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
                         f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
                         f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "
