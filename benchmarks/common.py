@@ -53,17 +53,13 @@ class Paired:
         return median(self.candidate) / median(self.baseline)
 
     @property
-    def pair_ratio(self) -> float:
-        """Median over repeats of candidate_i / baseline_i, CPU time (robust to slow drift)."""
-        return median([c / b for c, b in zip(self.candidate, self.baseline)])
+    def pair_ratios(self) -> list[float]:
+        """candidate_i / baseline_i per repeat, CPU time."""
+        return [c / b for c, b in zip(self.candidate, self.baseline)]
 
     @property
     def wall_ratio(self) -> float:
         return median(self.candidate_wall) / median(self.baseline_wall)
-
-    def pair_ratio_ci(self) -> tuple[float, float, float] | None:
-        """`ratio_ci` of the pairs' CPU ratios candidate_i / baseline_i."""
-        return ratio_ci([c / b for c, b in zip(self.candidate, self.baseline)])
 
     def steal_share(self) -> float:
         """What share of the timed runs' vCPU time the host took back (steal), both arms."""
@@ -81,12 +77,10 @@ class Paired:
             "baseline_median_s": round(median(self.baseline), 6),
             "candidate_median_s": round(median(self.candidate), 6),
             "ratio": round(self.ratio, 4),
-            "pair_ratio": round(self.pair_ratio, 4),
             "wall_ratio": round(self.wall_ratio, 4),
             "noise": round(spread(self.candidate) + spread(self.baseline), 4),
-            "pair_ratios": [round(c / b, 4) for c, b in zip(self.candidate, self.baseline)],
             "steal_share": round(self.steal_share(), 4),
-            **ci_fields(self.pair_ratio_ci()),
+            **pair_fields(self.pair_ratios),
         }
 
 
@@ -108,10 +102,20 @@ def ratio_ci(ratios: list[float], level: float = 0.95) -> tuple[float, float, fl
     return float(np.exp(logs.mean())), float(np.exp(ci.low)), float(np.exp(ci.high))
 
 
-def ci_fields(ci: tuple[float, float, float] | None) -> dict[str, Any]:
-    if ci is None:
-        return {}
-    return {"pair_gmean": round(ci[0], 4), "pair_ci95": [round(ci[1], 4), round(ci[2], 4)]}
+def pair_fields(ratios: list[float]) -> dict[str, Any]:
+    """A summary's figures of paired ratios: each pair's, their median (robust to slow drift),
+    and (from 3 pairs) their geometric mean with its 95 % interval (`ratio_ci`)."""
+    out: dict[str, Any] = {"pair_ratios": [round(r, 4) for r in ratios], "pair_ratio": round(median(ratios), 4)}
+    ci = ratio_ci(ratios)
+    if ci is not None:
+        out.update({"pair_gmean": round(ci[0], 4), "pair_ci95": [round(ci[1], 4), round(ci[2], 4)]})
+    return out
+
+
+def new_dir(path: Path) -> Path:
+    """`path`, made (it must not exist): a plain loop's new output folder."""
+    path.mkdir()
+    return path
 
 
 def spread(values: list[float]) -> float:

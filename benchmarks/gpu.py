@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import RESULTS, machine, median, pin_threads, runner_loop
+from .common import RESULTS, machine, median, new_dir, pin_threads, runner_loop
 
 
 def _models(dry_run: bool) -> list[str]:
@@ -147,11 +147,6 @@ def batched_differences(unbatched: Path, batched: Path, model_id: str) -> dict[s
     return out
 
 
-def _new_dir(path: Path) -> Path:
-    path.mkdir()
-    return path
-
-
 def sweep_throughput(model: Any, n: int, workdir: Path | None = None) -> dict[str, Any]:
     """Samples/s of the alpha sweep (8 conditions per sample): the plain batched loop, the
     workbench at batch 1 and at batch 8. Each arm runs once on one sample untimed (warm-up:
@@ -168,7 +163,7 @@ def sweep_throughput(model: Any, n: int, workdir: Path | None = None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="bench-gpu-sweep-", dir=workdir) as tmp:
         arms = {
             # new files in a new folder for each call, as each workbench arm writes a new store
-            "plain_batch8": lambda s, tag: plain_sweep(model, s, _new_dir(Path(tmp) / f"plain-{tag}"), sync),
+            "plain_batch8": lambda s, tag: plain_sweep(model, s, new_dir(Path(tmp) / f"plain-{tag}"), sync),
             "workbench_batch1": lambda s, tag: workbench_sweep(model, s, 1, Path(tmp) / f"b1-{tag}.zarr", sync),
             "workbench_batch8": lambda s, tag: workbench_sweep(model, s, len(ALPHAS), Path(tmp) / f"b8-{tag}.zarr", sync),
         }

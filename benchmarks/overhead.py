@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import ci_fields, interleave, median, ratio_ci, runner_loop
+from .common import interleave, median, new_dir, pair_fields, runner_loop
 
 SPEC = """\
 name: bench-overhead
@@ -85,9 +85,7 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
             # new files in a new folder each repeat, as the workbench arm writes a new store:
             # overwriting the same files would spare the plain loop the file system's inode
             # allocation, which the store's chunk and manifest files pay
-            out_dir = Path(tmp) / f"plain{i}"
-            out_dir.mkdir()
-            plain_loop(model, samples, out_dir, sync)
+            plain_loop(model, samples, new_dir(Path(tmp) / f"plain{i}"), sync)
 
         def workbench(i: int) -> None:
             cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s,
@@ -120,9 +118,7 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
         "wall_ratio": round(median(wb_wall) / base_wall, 4),
         # each repeat's workbench run against the plain loop run beside it; the interval is what
         # a target is judged by (`benchmarks.run`: met only where its upper end is)
-        "pair_ratios": [round(w / b, 4) for w, b in zip(wb_cpu, paired.baseline)],
-        "pair_ratio": round(median([w / b for w, b in zip(wb_cpu, paired.baseline)]), 4),
-        **ci_fields(ratio_ci([w / b for w, b in zip(wb_cpu, paired.baseline)])),
+        **pair_fields([w / b for w, b in zip(wb_cpu, paired.baseline)]),
         "commits": commits,
         "commit_interval_s": commit_interval_s,
         "store_writes": store_writes,
