@@ -125,12 +125,13 @@ def test_a_refused_result_in_a_gathered_commit_keeps_the_results_before_it(tmp_p
 
 def test_closing_writes_everything_queued_without_waiting_out_intervals(tmp_path):
     """At close (the end of a run, or Ctrl-C) the queue is written at once, in commits of at most
-    the gathering cap (here one result), never waiting out the (long) interval between them."""
+    the gathering caps (here one result, behind or not), never waiting out the (long) interval
+    between them."""
     with StoreWriter(tmp_path / "bg.zarr") as store:
         store.ensure_model(store_drill.MODEL, {"family": "drill"})
         gate = threading.Event()
         writer = BackgroundWriter(store, commit_interval=60.0, on_written=lambda *key: gate.wait(5))
-        writer._gather_bytes = 1  # every result its own commit
+        writer._gather_bytes = writer._backlog_bytes = 1  # every result its own commit
         start = time.monotonic()
         with writer:
             for name, sample, variables, attrs, input_hash in drill_results():
@@ -164,6 +165,38 @@ def test_a_commit_gathers_its_full_share_while_the_one_before_it_is_written(tmp_
                 time.sleep(0.01)
     assert sum(sizes) == 45 and sizes[:-1] == [10] * (len(sizes) - 1), sizes
     assert len(open_store(tmp_path / "s.zarr", model="m").run_sample) == 45
+
+
+def test_a_writer_behind_commits_its_whole_backlog_within_the_queue_cap(tmp_path):
+    """Where results arrive faster than commits are written (a fast forward: a GPU), a commit
+    takes everything already waiting, up to a quarter of the queue's cap, instead of a gathering
+    cap's worth: the commits' fixed cost is paid fewer times. The joined copy of a commit counts
+    against the queue's cap while it is written, so queue and copy together stay within it."""
+    hidden = {"token_id": Variable(("token",), np.arange(3)), "hidden": Variable(("token", "dim"), np.zeros((3, 2)))}
+    one = captured_bytes(hidden)
+    sizes, held = [], []
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        write = store.write_samples
+        with BackgroundWriter(store, max_bytes=80 * one, commit_interval=60.0) as writer:
+            def slow_write(results):
+                sizes.append(len(results))
+                held.append(writer.queued_bytes)
+                time.sleep(0.2)  # 40 results arrive within the first commits
+                return write(results)
+
+            store.write_samples = slow_write
+            # caps of 2 and 20 results (by default 16 MiB and a quarter of the queue's cap)
+            writer._gather_bytes, writer._backlog_bytes = 2 * one, 20 * one
+            for i in range(40):
+                writer.put("m", "c", f"s{i}", {**hidden, "hidden": Variable(("token", "dim"), np.full((3, 2), float(i)))})
+                time.sleep(0.005)
+    assert sum(sizes) == 40 and sizes[0] <= 3 and max(sizes) > 3 and max(sizes) <= 21, sizes
+    assert len(sizes) <= 6, sizes  # with commits of the gathering cap alone: 20
+    assert max(held) <= 80 * one and writer.peak_bytes <= 80 * one
+    ds = open_store(tmp_path / "s.zarr", model="m")
+    assert [str(s) for s in ds.run_sample.values] == [f"s{i}" for i in range(40)]
+    np.testing.assert_array_equal(ds.hidden.values[:, 0], np.repeat(np.arange(40.0), 3))
 
 
 @pytest.mark.parametrize("second", ["shape", "coordinate"])

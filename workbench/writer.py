@@ -26,10 +26,16 @@ from typing import Any, Callable
 from .store import StoreWriter, Variable
 
 _STOP = object()
-# captures gathered into one commit, at most: small results (a tiny model's, a few layers) are
-# where a commit's fixed cost matters, and large ones gain little from gathering while they would
-# hold memory for the interval (peak RSS stays flat in the number of samples)
+# captures gathered into one commit while the writer keeps up: results wait in memory for their
+# commit, so this bounds what a run holds beyond the forward (peak RSS stays flat in the number
+# of samples)
 GATHER_BYTES = 16 << 20
+# While it falls behind (a fast forward: a GPU), a commit takes everything already waiting, up to
+# this share of the queue's cap: those results are in memory anyway, and a commit's fixed cost is
+# per condition it touches (~25 ms for ~12 arrays), so an alpha sweep's commits of one result per
+# condition cost twice or more per result what commits of several do (a 4 MB result: 57 ms CPU
+# in commits of 4, 21 ms in commits of 88; benchmarks/README.md)
+BACKLOG_SHARE = 4
 # A commit's cost hardly depends on what it holds (~100 ms for a condition of tiny results on
 # this project's 2-vCPU CI machine), so a fixed interval would cost a fixed share of a fast run:
 # after a commit that took d seconds the writer gathers for at least d * (1 / COMMIT_SHARE - 1),
@@ -64,6 +70,7 @@ class BackgroundWriter(_Writer):
         self.commit_interval = commit_interval
         self.commits = 0
         self._gather_bytes = min(GATHER_BYTES, max(1, max_bytes // 2))
+        self._backlog_bytes = max(self._gather_bytes, max_bytes // BACKLOG_SHARE)
         self._cut = threading.Event()  # commit now: the caller waits for room, or a stop
         self._closing = False
         self.on_written = on_written or (lambda model, condition, sample: None)
@@ -133,8 +140,12 @@ class BackgroundWriter(_Writer):
                 self._cut.wait(max(0.0, self._last_commit + self.pace() - time.monotonic()))
                 self._cut.clear()
             gathered, size, stop = self._gather(item)
+            # a commit of several results joins their rows into one block per array, a copy: it
+            # counts against the queue's cap while the commit is written
+            copy = size if len(gathered) > 1 or len(gathered[0][1]) > 1 else 0
             with self._room:
                 self._waiting_bytes -= size
+                self.queued_bytes += copy
                 if self._waiting_bytes >= self._gather_bytes:
                     self._cut.set()  # a backlog of another commit's worth: no interval to wait out
             try:
@@ -145,7 +156,7 @@ class BackgroundWriter(_Writer):
                 stop = True
             finally:
                 with self._room:
-                    self.queued_bytes -= size
+                    self.queued_bytes -= size + copy
                     self._room.notify_all()
             if stop:
                 return
@@ -158,10 +169,14 @@ class BackgroundWriter(_Writer):
 
     def _gather(self, first: tuple) -> tuple[list, int, bool]:
         """`first` and what is queued behind it, up to GATHER_BYTES of captures (or half the
-        queue's bytes); returns them, their bytes and whether a stop came. With commit_interval
-        0, `first` alone: a commit per put_group."""
+        queue's bytes); where two commits' worth or more already wait (the writer is behind),
+        everything waiting, up to BACKLOG_SHARE of the queue's cap. Returns them, their bytes and
+        whether a stop came. With commit_interval 0, `first` alone: a commit per put_group."""
         gathered, size = [first], first[0]
-        while self.commit_interval > 0 and size < self._gather_bytes:
+        with self._room:
+            waiting = self._waiting_bytes
+        limit = self._gather_bytes if waiting < 2 * self._gather_bytes else min(waiting, self._backlog_bytes)
+        while self.commit_interval > 0 and size < limit:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
