@@ -256,21 +256,25 @@ class _Discarding:
 
     commits = 0
 
-    def __init__(self, summary: Any):
+    def __init__(self, summary: Any, keep: list | None = None):
         self.summary = summary
+        self.keep = keep
 
     def put_group(self, results: list[tuple]) -> None:
+        if self.keep is not None:
+            self.keep.extend(results)
         self.summary.written += len(results)
 
 
 def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path,
-                sync: Callable[[], Any], store_writes: bool = True) -> tuple[float, float, int, float]:
+                sync: Callable[[], Any], store_writes: bool = True, keep: list | None = None) -> tuple[float, float, int, float]:
     """The workbench's own run loop (`workbench.runner._Run.todo`, the background writer) over
     `samples` with the plan of `spec_text` compiled against `model` itself, until every result is
     committed. Returns (CPU seconds of the process, wall seconds, commits, CPU seconds of the
     calling thread: the forwards' side, the rest being the writer's threads); opening and closing
     the store (once per run) are outside the timing. `store_writes=False`: the results are
-    dropped instead of written (a diagnostic: what the loop costs without its store)."""
+    dropped instead of written (a diagnostic: what the loop costs without its store), and
+    appended to `keep` where one is given."""
     import contextlib
 
     from tqdm.auto import tqdm
@@ -291,7 +295,7 @@ def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path
         todo = [(plan, s, c) for s in samples for c in plan.conditions]
         sync()
         cpu, wall, main = time.process_time(), time.perf_counter(), time.thread_time()
-        writing = result_writer(store, spec, summary, bar) if store_writes else contextlib.nullcontext(_Discarding(summary))
+        writing = result_writer(store, spec, summary, bar) if store_writes else contextlib.nullcontext(_Discarding(summary, keep))
         with writing as writer:
             run.todo(todo, writer)
         sync()

@@ -29,7 +29,8 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# Benchmarks\n\nhand-written text\n\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n\ntail\n")
     out = tmp_path / "latest.json"
-    bench.run("smoke", real_size=False, sections=("overhead", "capture", "store", "merge", "resume", "sweep", "analyses", "memory"), out=out,
+    bench.run("smoke", real_size=False, sections=("overhead", "fastfwd", "capture", "store", "merge", "resume", "sweep", "analyses",
+                                                  "memory"), out=out,
               readme=readme, log=lambda _: None, workdir=tmp_path)
 
     data = json.loads(out.read_text())
@@ -39,7 +40,8 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert {"cpu", "cores", "ram_gb", "versions"} <= set(m) and {"torch", "nnsight"} <= set(m["versions"])
 
     sec = data["sections"]
-    assert set(sec) == {"overhead_tiny", "capture_tiny", "store", "merge", "resume", "sweep", "analyses_tiny", "memory_tiny"}
+    assert set(sec) == {"overhead_tiny", "fastfwd", "capture_tiny", "store", "merge", "resume", "sweep", "analyses_tiny",
+                        "memory_tiny"}
     ov = sec["overhead_tiny"]
     assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward", "tiny-qwen3vl | no store",
                        "tiny-qwen3vl | 8 forwards"}
@@ -55,6 +57,10 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert ov["tiny-qwen3vl | commit per forward"]["commits"] == [4, 4]
     for name in ("tiny-smolvlm", "tiny-qwen3vl"):
         assert _number(sec["sweep"][name]["batching_speedup"]) and sec["sweep"][name]["samples"] == 1
+    ff = sec["fastfwd"]  # section 9: the writer behind an emulated GPU forward, the sweep's results
+    assert ff["samples"] == 2 and ff["conditions_per_sample"] == 8 and set(ff) >= {"sweep"} and "sweep | 16 MiB commits" not in ff
+    assert _number(ff["sweep"]["wall_ratio"]) and ff["sweep"]["workbench_samples_per_s"] > 0 and len(ff["sweep"]["commits"]) == 1
+    assert any(r["section"] == "9" for r in data["rows"])
     mg = sec["merge"]
     assert mg["shards"] == 2 and mg["results"] == 4 and _number(mg["ratio"]) and mg["merge_cpu_s"] > 0
     rc = sec["resume"]
@@ -81,7 +87,7 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
     assert list(mem["runs"]) == ["1"] and mem["runs"]["1"]["peak_rss_mb"] > 0 and _number(mem["growth"])
 
     rows = data["rows"]
-    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6", "7", "8"}
+    assert {r["section"] for r in rows} == {"1", "2", "3", "4", "6", "7", "8", "9"}
     for r in rows:
         assert {"measurement", "scale", "baseline", "workbench", "ratio", "target", "met"} <= set(r)
 
