@@ -444,8 +444,7 @@ def _fast_forward_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
         diagnostic = key != "sweep"
         wall = {**r["wall_pairs"], "ratio": r["wall_ratio"]}
         note = (f"forward emulated: {ff['forward_ms']:.0f} ms of wall time per sample, no CPU (a GPU's, waited for); "
-                f"ratio column CPU, wall decides" + _ci_note({**wall, "steal_share": r.get("steal_share", 0)}).replace(
-                    "geometric mean", "wall geometric mean"))
+                f"ratio column CPU, wall decides" + _ci_note({**wall, "steal_share": r.get("steal_share", 0)}, "wall "))
         out.append(_row("9", "α sweep behind a fast forward (GPU proxy)" + (
             " (diagnostic: every commit capped at 16 MiB, the writer before it took its backlog)" if diagnostic else ""),
             f"{ff['samples']} samples × {ff['conditions_per_sample']} conditions, {ff['result_mb']:.1f} MB results "
@@ -468,11 +467,11 @@ def overhead_met(r: dict[str, Any], target: float) -> bool:
     return r["ratio"] <= target
 
 
-def _ci_note(r: dict[str, Any]) -> str:
+def _ci_note(r: dict[str, Any], clock: str = "") -> str:
     if "pair_ci95" not in r:
         return ""
     low, high = r["pair_ci95"]
-    return (f"; {len(r['pair_ratios'])} pairs: geometric mean {r['pair_gmean']:.3f}, 95 % CI [{low:.3f}, {high:.3f}]; "
+    return (f"; {len(r['pair_ratios'])} pairs: {clock}geometric mean {r['pair_gmean']:.3f}, 95 % CI [{low:.3f}, {high:.3f}]; "
             f"host steal {100 * r.get('steal_share', 0):.1f} % of vCPU time")
 
 

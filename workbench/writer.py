@@ -3,8 +3,10 @@ runs, so compression and commits overlap compute.
 
 Memory stays bounded: the captures waiting in the queue are capped in bytes (`max_bytes`), and
 `put` blocks while a new result would exceed the cap (one result is always admitted, however
-large). Results are committed in the order they were put. The thread gathers what arrives within
-`commit_interval` seconds of its last commit into one store commit (`StoreWriter.write_samples`):
+large), and a gathered commit's joined copy counts against the cap while it is written. Results
+are committed in the order they were put. The thread gathers what arrives within
+`commit_interval` seconds of its last commit into one store commit (`StoreWriter.write_samples`;
+while it is behind, everything already waiting, up to a quarter of the cap):
 a commit's fixed cost (about 10 array appends per condition and the icechunk commit, tens of ms)
 is then paid once per interval instead of once per forward, which is what lets the workbench run
 near a plain loop's speed on a fast forward. The interval stretches with what commits cost
