@@ -91,12 +91,14 @@ def workbench(batches: list[list[tuple]], store_path: Path, forward_s: float, ba
     """The background writer fed a sample's results after each forward; returns its commits.
     The store is opened before and closed after (once per run, as a run does), inside the timing
     here: its share is small beside the writes."""
+    from workbench.spec.schema import BackendSpec
     from workbench.store import StoreWriter
     from workbench.writer import BackgroundWriter
 
+    backend = BackendSpec()  # the runner's defaults: its queue's cap and commit interval
     with StoreWriter(store_path) as store:
         store.ensure_model(batches[0][0][0], {"family": "smolvlm"})
-        with BackgroundWriter(store, 1024 << 20, None, 1.0) as writer:
+        with BackgroundWriter(store, backend.write_queue_mb << 20, None, backend.commit_interval_s) as writer:
             if not backlog:
                 writer._backlog_bytes = writer._gather_bytes
             for batch in batches:
@@ -113,17 +115,18 @@ def measure(samples: int = 24, repeats: int = 3, forward_ms: float = 50.0, dim: 
     out: dict[str, Any] = {"samples": samples, "conditions_per_sample": len(batches[0]), "forward_ms": forward_ms,
                            "dim": dim, "vocab": vocab, "result_mb": round(result_mb, 2)}
     with tempfile.TemporaryDirectory(prefix="bench-fastfwd-", dir=workdir) as tmp:
-        arms = {"": True, " | 16 MiB commits": False} if diagnostic else {"": True}
-        for suffix, backlog in arms.items():
+        arms = {"sweep": True, "sweep | 16 MiB commits": False} if diagnostic else {"sweep": True}
+        for key, backlog in arms.items():
             commits: list[int] = []
+            arm = new_dir(Path(tmp) / ("backlog" if backlog else "capped"))
 
-            def candidate(i: int, backlog: bool = backlog, suffix: str = suffix) -> None:
-                commits.append(workbench(batches, Path(tmp) / f"wb{suffix.strip(' |')}-{i}.zarr", forward_s, backlog))
+            def candidate(i: int, backlog: bool = backlog, arm: Path = arm) -> None:
+                commits.append(workbench(batches, arm / f"wb-{i}.zarr", forward_s, backlog))
 
-            paired = interleave(lambda i, suffix=suffix: plain(batches, new_dir(Path(tmp) / f"plain{suffix.strip(' |')}-{i}"), forward_s),
+            paired = interleave(lambda i, arm=arm: plain(batches, new_dir(arm / f"plain-{i}"), forward_s),
                                 candidate, repeats if backlog else max(1, repeats - 1))
             summary = paired.summary()
-            out[f"sweep{suffix}"] = {
+            out[key] = {
                 **summary, "commits": commits[1:],  # the warm-up's first
                 # wall time decides here (the forward is wall time): its pairs, as section 8's CPU ones
                 "wall_pairs": pair_fields([c / b for c, b in zip(paired.candidate_wall, paired.baseline_wall)]),

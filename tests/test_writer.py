@@ -182,6 +182,8 @@ def test_a_writer_behind_commits_its_whole_backlog_within_the_queue_cap(tmp_path
             def slow_write(results):
                 sizes.append(len(results))
                 held.append(writer.queued_bytes)
+                # the commit's results and their joined copy are both counted while it is written
+                assert writer.queued_bytes >= (2 if len(results) > 1 else 1) * len(results) * one
                 time.sleep(0.2)  # 40 results arrive within the first commits
                 return write(results)
 

@@ -142,8 +142,8 @@ class BackgroundWriter(_Writer):
                 self._cut.wait(max(0.0, self._last_commit + self.pace() - time.monotonic()))
                 self._cut.clear()
             gathered, size, stop = self._gather(item)
-            # a commit of several results joins their rows into one block per array, a copy: it
-            # counts against the queue's cap while the commit is written
+            # a commit of several results joins each condition's rows into one block per array, a
+            # copy of at most their size: it counts against the queue's cap while it is written
             copy = size if len(gathered) > 1 or len(gathered[0][1]) > 1 else 0
             with self._room:
                 self._waiting_bytes -= size
