@@ -713,7 +713,16 @@ class StoreWriter:
         per commit, a tenth of a small commit's cost). `tails`: each array's rows after its last
         chunk boundary, as committed, updated here. An append that starts inside a chunk is
         written from that chunk's start with the tail before it, so zarr encodes the chunk
-        without first reading and decoding the stored one."""
+        without first reading and decoding the stored one.
+
+        Arrays with small chunk rows (labels; a tiny model's captures) are written by
+        `_encoded_appends`: their chunks encoded here through the array's own codecs and set in
+        the store with their new metadata, all arrays' at once. zarr's resize and setitem cost
+        ~0.7 and ~1.5-2.4 ms of CPU per call however few rows they write (its asyncio codec
+        pipeline, a trip to the store's threads per step), which made a commit's fixed cost
+        (~12 arrays a condition) most of what a small run's store costs. Captures whose chunk row
+        is over _TAIL_ARRAY_BYTES (a 2B model's) keep zarr's own path: their bytes are the cost
+        there, and zarr merges their partial chunks without a tail kept in memory."""
         import asyncio
 
         from zarr.core.array import AsyncArray
@@ -721,6 +730,7 @@ class StoreWriter:
         new_coords = {dim: np.asarray(values) for var in rows.values() for dim, values in var.coords.items()
                       if dim not in layout.coords}
         await asyncio.gather(*(self._create_coord(group, dim, values) for dim, values in new_coords.items()))
+        direct: list[tuple[Any, Any, int, np.ndarray]] = []  # (new metadata, store path, first row, rows)
 
         async def append(name: str, var: Variable) -> None:
             data = np.asarray(var.data)
@@ -729,30 +739,34 @@ class StoreWriter:
                 array = AsyncArray(metadata=metadata[name], store_path=group.store_path / name)
             elif name in layout.shapes:
                 array = await group.getitem(name)
-            else:
-                array = await group.create_array(name, **_array_layout(name, var))
-            await array.resize((offset + data.shape[0],) + data.shape[1:])
-            metadata[name] = array.metadata
+            else:  # a new array: its zarr.json is written with its first rows
+                array = AsyncArray(metadata=await _new_array_metadata(name, var), store_path=group.store_path / name)
             if data.dtype.kind in "USO":
                 data = data.astype(object)
             elif data.dtype != array.dtype:  # no copy when the capture already is float32
                 data = data.astype(array.dtype)
             end = offset + data.shape[0]
+            new_shape = (end,) + data.shape[1:]
             chunk = array.metadata.chunks[0]
             start = offset - offset % chunk
             cached = chunk * (data.nbytes // max(1, len(data))) <= _TAIL_ARRAY_BYTES
-            if start < offset and cached:  # the last chunk row is partial: write it whole
+            if not cached:  # zarr merges the rows into the stored chunk (a read and decode of it)
+                await array.resize(new_shape)
+                metadata[name] = array.metadata
+                await array.setitem(slice(offset, end), data)
+                return
+            if start < offset:  # the last chunk row is partial: write it whole
                 tail = tails.get(name)
                 if tail is None or len(tail) != offset - start:  # not cached: read it back, once
                     tail = await array.getitem(slice(start, offset))
                 data = np.concatenate([np.asarray(tail, dtype=data.dtype), data])
-            else:  # zarr merges the rows into the stored chunk (a read and decode of it)
-                start = offset
-            await array.setitem(slice(start, end), data)
-            if cached:
-                tails[name] = data[end - end % chunk - start:].copy()  # not a view: that would keep the block alive
+            metadata[name] = array.metadata.update_shape(new_shape)
+            direct.append((metadata[name], array.store_path, start, data))
+            tails[name] = data[end - end % chunk - start:].copy()  # not a view: that would keep the block alive
 
         await asyncio.gather(*(append(name, var) for name, var in rows.items()))
+        if direct:
+            await _encoded_appends(direct)
 
     @staticmethod
     async def _create_coord(group: Any, dim: str, values: np.ndarray) -> None:
@@ -1101,6 +1115,79 @@ def _array_layout(name: str, var: Variable) -> dict[str, Any]:
     compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
     return {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
             "dtype": dtype, "dimension_names": list(var.dims), "compressors": compressors}
+
+
+# the zarr metadata of a new, empty array, by its layout: zarr builds one in ~3 ms of Python (codec
+# parsing and validation), paid once per process here instead of once per array of every
+# condition (an alpha sweep's 8 conditions create ~100 arrays of a few layouts)
+_NEW_ARRAYS: dict[tuple, Any] = {}
+
+
+async def _new_array_metadata(name: str, var: Variable) -> Any:
+    """The metadata `_array_layout` gives `var` as a new array named `name` (shape 0 rows),
+    built once per layout in a memory store and reused: metadata objects are immutable."""
+    from zarr.core.array import init_array
+    from zarr.storage import MemoryStore, StorePath
+
+    layout = _array_layout(name, var)
+    key = (name, repr(sorted(layout.items())))
+    if key not in _NEW_ARRAYS:
+        _NEW_ARRAYS[key] = (await init_array(store_path=StorePath(MemoryStore(), name), **layout)).metadata
+    return _NEW_ARRAYS[key]
+
+
+async def _encoded_appends(writes: list[tuple[Any, Any, int, np.ndarray]]) -> None:
+    """Write appends without zarr's per-call machinery: each (metadata with the new shape, the
+    array's store path, first row, rows through the array's end) has its chunks encoded here by
+    the array's own codecs (zarr's synchronous encoders, as its pipeline calls them), then every
+    array's new metadata is set in the store, then every chunk, concurrently. The first row is a
+    chunk boundary, so no stored rows need merging: the rows reach the array's end, and an edge
+    chunk is padded with the fill value as zarr pads it (every chunk written, as
+    `array.write_empty_chunks` asks)."""
+    import asyncio
+
+    from zarr.core.array_spec import ArrayConfig
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.codec_pipeline import codecs_from_list, fill_value_or_default
+    from zarr.core.indexing import BasicIndexer
+
+    prototype = default_buffer_prototype()
+    config = ArrayConfig.from_dict({})
+    chunks = []
+    for meta, path, start, data in writes:
+        array_array, array_bytes, bytes_bytes = codecs_from_list(meta.codecs)
+        value = data.astype(meta.data_type.to_native_dtype(), copy=False) if data.dtype.kind == "O" else data
+        selection = (slice(start, start + len(data)),) + (slice(None),) * (data.ndim - 1)
+        for coords, chunk_selection, out_selection, _ in BasicIndexer(selection, meta.shape, meta.chunk_grid):
+            spec = meta.get_chunk_spec(coords, config, prototype)
+            rows = value[out_selection]
+            if rows.shape != spec.shape:  # an edge chunk: padded as zarr pads it
+                full = prototype.nd_buffer.create(shape=spec.shape, dtype=spec.dtype.to_native_dtype(),
+                                                  order=spec.order, fill_value=fill_value_or_default(spec))
+                full[chunk_selection] = prototype.nd_buffer.from_ndarray_like(rows)
+                encoded = full
+            else:
+                encoded = prototype.nd_buffer.from_ndarray_like(np.ascontiguousarray(rows))
+            for codec in array_array:
+                encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
+            encoded, spec = array_bytes._encode_sync(encoded, spec), array_bytes.resolve_metadata(spec)
+            for codec in bytes_bytes:
+                encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
+            chunks.append((path / meta.encode_chunk_key(coords), encoded))
+    # the new shapes first: a chunk beyond an array's stored shape would be refused
+    await _settled([(path / key).set(buf) for meta, path, _, _ in writes
+                    for key, buf in meta.to_buffer_dict(prototype).items()])
+    await _settled([path.set(buf) for path, buf in chunks])
+
+
+async def _settled(writes: list[Any]) -> None:
+    """Await every write, then raise the first failure: a write still in flight in the store's
+    threads when the error reaches the caller (who may then exit) can abort the interpreter."""
+    import asyncio
+
+    for outcome in await asyncio.gather(*writes, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _token_count(variables: dict[str, Variable]) -> int:
