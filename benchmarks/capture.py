@@ -76,7 +76,8 @@ def measure(model: Any, *, attention: bool, repeats: int, warmup: int = 1, workd
         def baseline(i: int) -> None:
             model.prepare()
             with torch.inference_mode():
-                out = model.hf(**inputs.encoding, output_hidden_states=True, output_attentions=attention)
+                out = model.hf(**inputs.encoding, output_hidden_states=True, output_attentions=attention,
+                               use_cache=False)  # no KV cache: the workbench builds none without decode steps
                 # the residual stream to host float32, as any capture must; the attention
                 # probabilities are materialized by the forward and left where they are
                 hidden = torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()

@@ -103,7 +103,7 @@ def plain_sweep(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> flo
         for i, encoding in enumerate(encodings):
             model.prepare()
             with torch.inference_mode():
-                out = model.hf(**encoding, output_hidden_states=True)
+                out = model.hf(**encoding, output_hidden_states=True, use_cache=False)  # as the workbench: no KV cache
                 hidden = torch.stack([out.hidden_states[l] for l in layers], dim=2).to("cpu", torch.float32).numpy()
                 logprobs = torch.log_softmax(out.logits[:, -1].float(), -1).cpu().numpy()
             np.save(out_dir / f"hidden-{i}.npy", hidden)
