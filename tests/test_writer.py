@@ -371,7 +371,7 @@ def test_appended_chunks_and_metadata_are_what_zarr_itself_writes(tmp_path, monk
     """The writer encodes small arrays' chunks itself (`store._encoded_appends`) instead of
     going through zarr's setitem and resize. After commits of random lengths over small chunks
     (edge chunks padded, chunks rewritten from their start, a condition created in a later
-    commit), every array reads back equal to its inputs, and its zarr.json and every chunk's
+    commit, chunks set in several batches), every array reads back equal to its inputs, and its zarr.json and every chunk's
     bytes equal what zarr's own create_array and setitem write for the same rows (the
     independent path: a plain zarr array in a memory store, every chunk written)."""
     import icechunk
@@ -383,6 +383,7 @@ def test_appended_chunks_and_metadata_are_what_zarr_itself_writes(tmp_path, monk
     import workbench.store as store_module
 
     monkeypatch.setattr(store_module, "_CHUNK_BYTES", 2048)  # 32 rows of 2 x 8 float32s
+    monkeypatch.setattr(store_module, "_ENCODED_BATCH_BYTES", 3000)  # a commit's chunks set in several batches
     monkeypatch.setitem(store_module._LABEL_CHUNK, "token", 40)
     monkeypatch.setitem(store_module._LABEL_CHUNK, "run", 3)
     rng = np.random.default_rng(11)

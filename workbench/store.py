@@ -95,6 +95,8 @@ _CHUNK_BYTES = 2 * 1024 * 1024
 # with its tail). Arrays whose chunk row is at most _TAIL_ARRAY_BYTES; _TAIL_CACHE_BYTES in all.
 _TAIL_ARRAY_BYTES = 4 * _CHUNK_BYTES
 _TAIL_CACHE_BYTES = 64 << 20
+# the writer's own chunk encoding (`_encoded_appends`) sets chunks in batches of about this many bytes
+_ENCODED_BATCH_BYTES = 32 << 20
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
 # Skipping "empty" chunks compares every chunk with the fill value: 4-6x slower writes. Applied
@@ -1138,46 +1140,55 @@ async def _new_array_metadata(name: str, var: Variable) -> Any:
 
 async def _encoded_appends(writes: list[tuple[Any, Any, int, np.ndarray]]) -> None:
     """Write appends without zarr's per-call machinery: each (metadata with the new shape, the
-    array's store path, first row, rows through the array's end) has its chunks encoded here by
-    the array's own codecs (zarr's synchronous encoders, as its pipeline calls them), then every
-    array's new metadata is set in the store, then every chunk, concurrently. The first row is a
-    chunk boundary, so no stored rows need merging: the rows reach the array's end, and an edge
-    chunk is padded with the fill value as zarr pads it (every chunk written, as
-    `array.write_empty_chunks` asks)."""
-    import asyncio
-
-    from zarr.core.array_spec import ArrayConfig
+    array's store path, first row, rows through the array's end). Every array's new metadata is
+    set in the store first, then its chunks, encoded here by the array's own codecs (zarr's
+    synchronous encoders, as its pipeline calls them) and set concurrently in batches of about
+    _ENCODED_BATCH_BYTES, so that the encoded copy in memory stays bounded."""
     from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.codec_pipeline import codecs_from_list, fill_value_or_default
-    from zarr.core.indexing import BasicIndexer
 
     prototype = default_buffer_prototype()
-    config = ArrayConfig.from_dict({})
-    chunks = []
-    for meta, path, start, data in writes:
-        array_array, array_bytes, bytes_bytes = codecs_from_list(meta.codecs)
-        value = data.astype(meta.data_type.to_native_dtype(), copy=False) if data.dtype.kind == "O" else data
-        selection = (slice(start, start + len(data)),) + (slice(None),) * (data.ndim - 1)
-        for coords, chunk_selection, out_selection, _ in BasicIndexer(selection, meta.shape, meta.chunk_grid):
-            spec = meta.get_chunk_spec(coords, config, prototype)
-            rows = value[out_selection]
-            if rows.shape != spec.shape:  # an edge chunk: padded as zarr pads it
-                full = prototype.nd_buffer.create(shape=spec.shape, dtype=spec.dtype.to_native_dtype(),
-                                                  order=spec.order, fill_value=fill_value_or_default(spec))
-                full[chunk_selection] = prototype.nd_buffer.from_ndarray_like(rows)
-                encoded = full
-            else:
-                encoded = prototype.nd_buffer.from_ndarray_like(np.ascontiguousarray(rows))
-            for codec in array_array:
-                encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
-            encoded, spec = array_bytes._encode_sync(encoded, spec), array_bytes.resolve_metadata(spec)
-            for codec in bytes_bytes:
-                encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
-            chunks.append((path / meta.encode_chunk_key(coords), encoded))
     # the new shapes first: a chunk beyond an array's stored shape would be refused
     await _settled([(path / key).set(buf) for meta, path, _, _ in writes
                     for key, buf in meta.to_buffer_dict(prototype).items()])
-    await _settled([path.set(buf) for path, buf in chunks])
+    batch, size = [], 0
+    for meta, path, start, data in writes:
+        for key, encoded in _encoded_chunks(meta, start, data, prototype):
+            batch.append((path / key).set(encoded))
+            size += len(encoded)
+            if size >= _ENCODED_BATCH_BYTES:
+                await _settled(batch)
+                batch, size = [], 0
+    await _settled(batch)
+
+
+def _encoded_chunks(meta: Any, start: int, data: np.ndarray, prototype: Any) -> Iterator[tuple[str, Any]]:
+    """(chunk key, encoded bytes) of every chunk that rows `data`, written from row `start` (a
+    chunk boundary) to the array's end, touch. No stored rows need merging: an edge chunk is
+    padded with the fill value as zarr pads it, and every chunk is written, as
+    `array.write_empty_chunks` asks."""
+    from zarr.core.array_spec import ArrayConfig
+    from zarr.core.codec_pipeline import codecs_from_list, fill_value_or_default
+    from zarr.core.indexing import BasicIndexer
+
+    config = ArrayConfig.from_dict({})
+    array_array, array_bytes, bytes_bytes = codecs_from_list(meta.codecs)
+    value = data.astype(meta.data_type.to_native_dtype(), copy=False) if data.dtype.kind == "O" else data
+    selection = (slice(start, start + len(data)),) + (slice(None),) * (data.ndim - 1)
+    for coords, chunk_selection, out_selection, _ in BasicIndexer(selection, meta.shape, meta.chunk_grid):
+        spec = meta.get_chunk_spec(coords, config, prototype)
+        rows = value[out_selection]
+        if rows.shape != spec.shape:  # an edge chunk: padded as zarr pads it
+            encoded = prototype.nd_buffer.create(shape=spec.shape, dtype=spec.dtype.to_native_dtype(),
+                                                 order=spec.order, fill_value=fill_value_or_default(spec))
+            encoded[chunk_selection] = prototype.nd_buffer.from_ndarray_like(rows)
+        else:
+            encoded = prototype.nd_buffer.from_ndarray_like(np.ascontiguousarray(rows))
+        for codec in array_array:
+            encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
+        encoded, spec = array_bytes._encode_sync(encoded, spec), array_bytes.resolve_metadata(spec)
+        for codec in bytes_bytes:
+            encoded, spec = codec._encode_sync(encoded, spec), codec.resolve_metadata(spec)
+        yield meta.encode_chunk_key(coords), encoded
 
 
 async def _settled(writes: list[Any]) -> None:
