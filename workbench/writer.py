@@ -7,7 +7,7 @@ large), and a gathered commit's joined copy counts against the cap while it is w
 are committed in the order they were put. The thread gathers what arrives within
 `commit_interval` seconds of its last commit into one store commit (`StoreWriter.write_samples`;
 while it is behind, everything already waiting, up to a quarter of the cap):
-a commit's fixed cost (about 10 array appends per condition and the icechunk commit, tens of ms)
+a commit's fixed cost (about 12 arrays' metadata and chunks per condition and the icechunk commit, ~20 ms)
 is then paid once per interval instead of once per forward, which is what lets the workbench run
 near a plain loop's speed on a fast forward. The interval stretches with what commits cost
 (`pace`: commits take about COMMIT_SHARE of the time). A gathered commit is still atomic, so a crash or kill
