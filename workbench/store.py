@@ -743,6 +743,7 @@ class StoreWriter:
                 array = await group.getitem(name)
             else:  # a new array: its zarr.json is written with its first rows
                 array = AsyncArray(metadata=await _new_array_metadata(name, var), store_path=group.store_path / name)
+            new = name not in metadata and name not in layout.shapes
             if data.dtype.kind in "USO":
                 data = data.astype(object)
             elif data.dtype != array.dtype:  # no copy when the capture already is float32
@@ -759,7 +760,9 @@ class StoreWriter:
                 return
             if start < offset:  # the last chunk row is partial: write it whole
                 tail = tails.get(name)
-                if tail is None or len(tail) != offset - start:  # not cached: read it back, once
+                if new:  # a variable new to the condition: the rows before its first are fill values
+                    tail = np.full((offset - start,) + data.shape[1:], array.metadata.fill_value, dtype=data.dtype)
+                elif tail is None or len(tail) != offset - start:  # not cached: read it back, once
                     tail = await array.getitem(slice(start, offset))
                 data = np.concatenate([np.asarray(tail, dtype=data.dtype), data])
             metadata[name] = array.metadata.update_shape(new_shape)
