@@ -737,13 +737,13 @@ class StoreWriter:
         async def append(name: str, var: Variable) -> None:
             data = np.asarray(var.data)
             offset = layout.offsets[var.dims[0]]
+            new = name not in metadata and name not in layout.shapes
             if name in metadata:
                 array = AsyncArray(metadata=metadata[name], store_path=group.store_path / name)
-            elif name in layout.shapes:
+            elif not new:
                 array = await group.getitem(name)
             else:  # a new array: its zarr.json is written with its first rows
                 array = AsyncArray(metadata=await _new_array_metadata(name, var), store_path=group.store_path / name)
-            new = name not in metadata and name not in layout.shapes
             if data.dtype.kind in "USO":
                 data = data.astype(object)
             elif data.dtype != array.dtype:  # no copy when the capture already is float32
