@@ -119,9 +119,10 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     the real runner; the rerun resumes, and the result equals the uninterrupted run's store, row
     for row. (Every write point of a small run is drilled in test_store.py.) Mid-trace, the
     background writer gathers results into one commit per second, so results captured but not
-    yet committed are lost and captured again; the kill after the 5th commit counts commits of
-    one forward each (`commit_interval_s: 0`)."""
-    backend = "{commit_interval_s: 0}" if kill_at.startswith("store.commit") else ""
+    yet committed are lost and captured again. The store kills count commits of one forward each
+    (`commit_interval_s: 0`): a gathered first commit holds however many results arrived within
+    its interval, so the 100th write could fall inside it and leave nothing stored."""
+    backend = "{commit_interval_s: 0}" if kill_at.startswith("store") else ""
     spec, store = write_spec(tmp_path, n=2, backend=backend)
     killed = run_cli("run", str(spec), "--no-progress", "--no-table", env={"WORKBENCH_KILL_AT": kill_at})
     assert killed.returncode == -9, killed.stderr

@@ -185,6 +185,7 @@ class TokenTexts:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.texts: dict[int, str] = {}
+        self.prompts: dict[tuple[int, ...], str] = {}  # the last sample's prompts: its conditions share them
 
     def __call__(self, ids: list[int]) -> list[str]:
         new = [i for i in dict.fromkeys(ids) if i not in self.texts]
@@ -193,6 +194,15 @@ class TokenTexts:
                                                   clean_up_tokenization_spaces=False)
             self.texts.update(zip(new, decoded))
         return [self.texts[i] for i in ids]
+
+    def prompt(self, ids: list[int]) -> str:
+        """The whole prompt decoded (special tokens kept), once per distinct prompt of a sample."""
+        key = tuple(ids)
+        if key not in self.prompts:
+            if len(self.prompts) >= 8:
+                self.prompts.clear()
+            self.prompts[key] = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.prompts[key]
 
 
 def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
@@ -203,12 +213,13 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
     turn, with special tokens dropped: what the accuracy analysis scores) and the sample's
     category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
     accepted answer (`run_all_answers`, a JSON list)."""
-    ids = [int(i) for i in inputs.input_ids]
-    tokens = (token_texts or TokenTexts(tokenizer))(ids)
+    ids = np.asarray(inputs.input_ids).reshape(-1).tolist()
+    token_texts = token_texts or TokenTexts(tokenizer)
+    tokens = token_texts(ids)
     generated = result.run.get("generated")
     labels = {
         "token_text": Variable(("token",), np.array(tokens, dtype=object)),
-        "run_prompt": Variable(("run",), np.array([tokenizer.decode(ids, skip_special_tokens=False)], dtype=object)),
+        "run_prompt": Variable(("run",), np.array([token_texts.prompt(ids)], dtype=object)),
         "run_question": Variable(("run",), np.array([sample.question], dtype=object)),
         "run_category": Variable(("run",), np.array([sample.category or ""], dtype=object)),
         "run_answer": Variable(("run",), np.array([sample.answer or ""], dtype=object)),
@@ -349,6 +360,9 @@ class _Run:
         self.remote_models, self.first = remote_models, first
         self.submitted = 0
         self.token_texts: TokenTexts | None = None  # the current model's
+        # each condition's store attributes, built once: they are the same for all its results
+        # (a pydantic dump and the capture plan's repr per result were a sixth of a tiny result's labels)
+        self.condition_attrs: dict[tuple[str, str], dict[str, Any]] = {}
 
     def todo(self, todo: list, writer: Any) -> None:
         model, model_id = None, None
@@ -432,8 +446,10 @@ class _Run:
         for line in problems:
             self.summary.nonfinite.append(f"{model_id} | {sample.id} | {condition.name} | {line}")
             _LOG.warning(f"non-finite capture: {self.summary.nonfinite[-1]}")
-        attrs = {**condition.store_attrs(), "identity": condition_identity(self.spec, plan, condition)}
-        return model_id, condition.name, sample.id, variables, attrs, self.hashes[sample.id]
+        key = (model_id, condition.name)
+        if key not in self.condition_attrs:
+            self.condition_attrs[key] = {**condition.store_attrs(), "identity": condition_identity(self.spec, plan, condition)}
+        return model_id, condition.name, sample.id, variables, self.condition_attrs[key], self.hashes[sample.id]
 
 
 def _log_unbatched(batch_size: int, plans: list[ModelPlan], log: Callable[[str], None]) -> None:
