@@ -415,6 +415,7 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
         gathered = r.get("commit_interval_s") != 0 and stored
         label = "per-sample overhead of a run" + (
             " (a run as long as one model's α sweep in the seed)" if r.get("long_run")
+            else " (both loops' files in RAM, tmpfs)" if r.get("in_ram") and gathered
             else "" if gathered else " (diagnostic: a commit per forward)" if stored
             else " (diagnostic: results dropped, no store)")
         out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
