@@ -15,8 +15,8 @@ wall time; CPU seconds are reported beside it):
   log-probabilities (one file each, a new folder per repeat);
 - workbench: per sample the forward, then `BackgroundWriter.put_group` of its 8 results (the
   runner's writer: default queue, 1 s commit interval, paced), until everything is committed;
-- diagnostic (`| 16 MiB commits`): the workbench with every commit capped at the gathering cap,
-  as the writer did before it took its whole backlog (2026-12-02).
+- diagnostic (`| 16 MiB commits`): the workbench with every commit capped at 16 MiB (the
+  gathering cap then), as the writer did before it took its whole backlog (2026-12-02).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def workbench(batches: list[list[tuple]], store_path: Path, forward_s: float, ba
     with StoreWriter(store_path) as store:
         store.ensure_model(batches[0][0][0], {"family": "smolvlm"})
         with BackgroundWriter(store, backend.write_queue_mb << 20, None, backend.commit_interval_s) as writer:
-            if not backlog:
-                writer._backlog_bytes = writer._gather_bytes
+            if not backlog:  # the writer before backlog commits: every commit capped at 16 MiB
+                writer._gather_bytes = writer._backlog_bytes = 16 << 20
             for batch in batches:
                 time.sleep(forward_s)
                 writer.put_group(batch)

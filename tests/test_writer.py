@@ -167,6 +167,38 @@ def test_a_commit_gathers_its_full_share_while_the_one_before_it_is_written(tmp_
     assert len(open_store(tmp_path / "s.zarr", model="m").run_sample) == 45
 
 
+def test_a_commit_never_goes_over_the_gathering_cap_by_one_more_result(tmp_path):
+    """A result that would take a gathered commit over its cap waits for the next commit (a
+    result over the cap alone is committed alone): large results are committed as they come,
+    so what a run holds stays within the cap. Results of 1 and 4 units under a cap of 5: a
+    commit taking whatever comes next until it reaches the cap would hold 1 + 1 + 4."""
+    def result(rows: int) -> dict[str, Variable]:
+        return {"token_id": Variable(("token",), np.arange(rows)), "hidden": Variable(("token", "dim"), np.zeros((rows, 2)))}
+
+    one = captured_bytes(result(3))
+    units = [1, 1, 4, 1, 4, 4, 1, 1, 1, 1, 4, 6, 1, 4, 1, 1]
+    commits = []
+    with StoreWriter(tmp_path / "s.zarr") as store:
+        store.ensure_model("m", {"family": "x"})
+        write = store.write_samples
+
+        def recorded(results):
+            commits.append(sum(captured_bytes(r[3]) for r in results) / one)
+            time.sleep(0.05)  # results queue up behind it
+            return write(results)
+
+        store.write_samples = recorded
+        with BackgroundWriter(store, commit_interval=60.0) as writer:
+            writer._gather_bytes = writer._backlog_bytes = 5 * one  # a backlog takes no more either
+            for i, n in enumerate(units):
+                writer.put("m", "c", f"s{i}", result(3 * n))
+    assert sum(commits) == sum(units) and len(commits) > 1, commits
+    assert all(c <= 5 or c in (4, 6) for c in commits) and max(commits) <= 6, commits
+    assert 6 in commits  # the result over the cap, alone
+    ds = open_store(tmp_path / "s.zarr", model="m")
+    assert [str(s) for s in ds.run_sample.values] == [f"s{i}" for i in range(len(units))]
+
+
 def test_a_writer_behind_commits_its_whole_backlog_within_the_queue_cap(tmp_path):
     """Where results arrive faster than commits are written (a fast forward: a GPU), a commit
     takes everything already waiting, up to a quarter of the queue's cap, instead of a gathering
@@ -188,7 +220,7 @@ def test_a_writer_behind_commits_its_whole_backlog_within_the_queue_cap(tmp_path
                 return write(results)
 
             store.write_samples = slow_write
-            # caps of 2 and 20 results (by default 16 MiB and a quarter of the queue's cap)
+            # caps of 2 and 20 results (by default 32 MiB and a quarter of the queue's cap)
             writer._gather_bytes, writer._backlog_bytes = 2 * one, 20 * one
             for i in range(40):
                 writer.put("m", "c", f"s{i}", {**hidden, "hidden": Variable(("token", "dim"), np.full((3, 2), float(i)))})

@@ -30,8 +30,12 @@ from .store import StoreWriter, Variable
 _STOP = object()
 # captures gathered into one commit while the writer keeps up: results wait in memory for their
 # commit, so this bounds what a run holds beyond the forward (peak RSS stays flat in the number
-# of samples)
-GATHER_BYTES = 16 << 20
+# of samples). A commit never goes over it by taking one more result (a result larger than half
+# of it is committed alone), so large results are committed as they come; small ones share a
+# commit's fixed cost (~20-25 ms a condition) with hundreds of others: a tiny result's commit
+# cost 0.40-0.49 ms in commits of 128 against 0.55-0.72 ms in commits of 110 and 18, what the
+# 16 MiB cap before this made of a 128-sample run (benchmarks/README.md)
+GATHER_BYTES = 32 << 20
 # While it falls behind (a fast forward: a GPU), a commit takes everything already waiting, up to
 # this share of the queue's cap: those results are in memory anyway, and a commit's fixed cost is
 # per condition it touches (~25 ms for ~12 arrays), so an alpha sweep's commits of one result per
@@ -81,6 +85,7 @@ class BackgroundWriter(_Writer):
         self.peak_bytes = 0
         self._room = threading.Condition()
         self._queue: queue.Queue = queue.Queue()
+        self._carried: tuple | None = None  # taken from the queue, left for the next commit (no room in the last)
         self._error: BaseException | None = None
         self._last_commit = time.monotonic()
         self._last_commit_s = 0.0  # how long the last commit took (wall)
@@ -100,9 +105,11 @@ class BackgroundWriter(_Writer):
             self._waiting_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
             self._queue.put((size, results))  # before the cut, so the thread finds it queued
-            # a commit's worth is waiting: commit it now (what is being written does not count,
-            # or every commit would be cut at about half its size while the one before it is written)
-            if self._waiting_bytes >= self._gather_bytes:
+            # a commit's worth is waiting, or one more result like this one would not fit in it:
+            # commit it now (large results are then committed as they come, holding no second one
+            # in memory; what is being written does not count, or every commit would be cut at
+            # about half its size while the one before it is written)
+            if self._waiting_bytes + max(size, 1) > self._gather_bytes:
                 self._cut.set()
 
     def close(self) -> None:
@@ -133,7 +140,7 @@ class BackgroundWriter(_Writer):
     # -- the thread ----------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            item = self._queue.get()  # idle until there is something to write
+            item, self._carried = self._carried or self._queue.get(), None  # idle until there is something to write
             if item is _STOP:
                 return
             if self.commit_interval > 0 and not self._closing:
@@ -172,8 +179,9 @@ class BackgroundWriter(_Writer):
     def _gather(self, first: tuple) -> tuple[list, int, bool]:
         """`first` and what is queued behind it, up to GATHER_BYTES of captures (or half the
         queue's bytes); where two commits' worth or more already wait (the writer is behind),
-        everything waiting, up to BACKLOG_SHARE of the queue's cap. Returns them, their bytes and
-        whether a stop came. With commit_interval 0, `first` alone: a commit per put_group."""
+        everything waiting, up to BACKLOG_SHARE of the queue's cap. A result that would take the
+        commit over its limit waits for the next one. Returns them, their bytes and whether a
+        stop came. With commit_interval 0, `first` alone: a commit per put_group."""
         gathered, size = [first], first[0]
         with self._room:
             waiting = self._waiting_bytes
@@ -185,6 +193,9 @@ class BackgroundWriter(_Writer):
                 break
             if item is _STOP:
                 return gathered, size, True
+            if size + item[0] > limit:
+                self._carried = item
+                break
             gathered.append(item)
             size += item[0]
         return gathered, size, False
