@@ -155,8 +155,10 @@ class BackgroundWriter(_Writer):
             with self._room:
                 self._waiting_bytes -= size
                 self.queued_bytes += copy
-                if self._waiting_bytes >= self._gather_bytes:
-                    self._cut.set()  # a backlog of another commit's worth: no interval to wait out
+                if self._carried is not None or self._waiting_bytes >= self._gather_bytes:
+                    # a backlog of another commit's worth, or a result this one had no room for:
+                    # no interval to wait out (it would have been in this commit but for the cap)
+                    self._cut.set()
             try:
                 if self._error is None:
                     self._write([r for _, results in gathered for r in results], [r for _, r in gathered])
