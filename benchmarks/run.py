@@ -40,11 +40,11 @@ SIZES = {
     #        memory counts, real-size repeats)
     "full": dict(capture_repeats=20, store=(600, 29, 2048, 7), analyses=(4, 3), memory=(1, 4, 16), real_repeats=4,
                  remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                 overhead=(128, 10), overhead_long=720, overhead_real=(2, 3), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3),
+                 overhead=(128, 16), overhead_long=720, overhead_real=(2, 3), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3),
                  fastfwd=dict(samples=24, repeats=5)),
     "quick": dict(capture_repeats=20, store=(600, 29, 2048, 5), analyses=(4, 3), memory=(1, 4, 16), real_repeats=3,
                   remote=(2, 3), merge=dict(shards=2, samples=6, shape=(300, 9, 1024), repeats=3), sweep=4,
-                  overhead=(128, 10), overhead_long=720, overhead_real=(2, 3), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3),
+                  overhead=(128, 16), overhead_long=720, overhead_real=(2, 3), resume=dict(samples=48, shape=(300, 9, 1024), repeats=3),
                   fastfwd=dict(samples=24, repeats=5)),
     "smoke": dict(capture_repeats=2, store=(64, 3, 128, 2), analyses=(1, 1), memory=(1,), real_repeats=1,
                   remote=(1, 1), merge=dict(shards=2, samples=2, shape=(64, 3, 128), repeats=1), sweep=1,

@@ -568,8 +568,9 @@ def _execute_window(model: ClientModel, samples: list[tuple[Any, LazyInputs, lis
         rows = [jobs[i] for i in group]
         ids = list(dict.fromkeys(sample.id for sample, _, _ in rows))
         names = list(dict.fromkeys(condition.name for _, _, condition in rows))
+        # shown at the bar's next update: a forced redraw per forward cost ~20 us (a tiny forward's 0.3 %)
         bar.set_description(f"{plan.info.model_id} | {ids[0] if len(ids) == 1 else f'{len(ids)} samples'} | "
-                            f"{names[0] if len(names) == 1 else f'{len(names)} conditions'}")
+                            f"{names[0] if len(names) == 1 else f'{len(names)} conditions'}", refresh=False)
         results = run_rows(model, [(inputs_by_image, condition) for _, inputs_by_image, condition in rows], plan,
                            on_trace=fault_point)
         yield [(sample, inputs_by_image, condition, result)
