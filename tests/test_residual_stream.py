@@ -106,3 +106,28 @@ def test_qwen_projector_zero_equals_zero_image_features(load_tiny):
     # with every projector output zero, layer 1's vision rows are the decoder's update alone;
     # merger-only leaves the DeepStack add in place, so they differ
     assert np.abs(full[vision, 1] - merger[vision, 1]).max() > 1e-4
+
+
+def test_reads_inside_a_forward_leave_their_copies_on_the_device():
+    """A copy to the host inside a forward waits for every kernel launched before it, so one per
+    read would make the host wait for the GPU layer after layer. Every reader that runs inside
+    a trace keeps a float32 copy on the model's device (`saved_copy`) and the trace moves what
+    it saved to the host once the forward is done (`_on_host`)."""
+    import inspect
+
+    import workbench.capture as capture
+    from workbench.backends.local import _on_host
+
+    readers = [cls for cls in vars(capture).values() if isinstance(cls, type) and "read" in vars(cls)]
+    assert len(readers) >= 8, [cls.__name__ for cls in readers]
+    for cls in readers:
+        source = inspect.getsource(cls.read)
+        assert "to_host(" not in source and '"cpu"' not in source, f"{cls.__name__}.read copies to the host"
+
+    value = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    copy = capture.saved_copy(value)
+    assert copy.dtype == torch.float32 and copy.device == value.device
+    value += 1  # a later in-place edit in the forward does not reach the saved copy
+    assert torch.equal(copy, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    moved = _on_host({("hidden", 0): [copy], ("site", "layer", 1): copy, "other": 3})
+    assert moved[("hidden", 0)][0].device.type == "cpu" and moved[("site", "layer", 1)] is copy and moved["other"] == 3

@@ -47,9 +47,21 @@ from .sites import BatchRow, batch_rows, order, position_index, read_order, resi
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A float32 copy on the host, for reads after a forward (the KV cache)."""
     # copy=True: on CPU in float32 `.to` would return the same tensor, which later in-place
-    # edits in the forward could still change.
+    # edits could still change.
     return tensor.detach().to("cpu", dtype=torch.float32, copy=True)
+
+
+def saved_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of a value read inside a forward, left on the value's device: the trace
+    moves what it saved to the host once the forward is done (`backends.local.trace_rows`). A
+    copy to the host waits for every kernel launched so far, so one per read (~30 in a 2B
+    model's forward) made the host wait for the GPU layer after layer instead of queueing the
+    next layer's kernels (the 2026-11-30 H200 run: a traced forward with its reads 63-71 ms
+    against a plain forward's 39-51). The copy itself: later in-place edits in the forward must
+    not reach it."""
+    return tensor.detach().to(dtype=torch.float32, copy=True)
 
 
 class ResidualCapture(Record):
@@ -63,7 +75,7 @@ class ResidualCapture(Record):
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         hidden = token_rows(residual_envoy(model, layer).input, row)
-        saved.setdefault(("hidden", layer), []).append(to_host(hidden[0]))
+        saved.setdefault(("hidden", layer), []).append(saved_copy(hidden[0]))
 
 
 def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch.Tensor:
@@ -125,10 +137,11 @@ class AttentionCapture(Record):
         n_keys = probs.shape[-1]
         vision_keys = torch.zeros(n_keys, dtype=torch.bool, device=probs.device)  # generated keys: text
         prompt = torch.as_tensor(inputs.modality == "vision")[:n_keys]
-        vision_keys[: prompt.shape[0]] = prompt.to(probs.device)
+        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
+        vision_keys[: prompt.shape[0]] = prompt.to(probs.device, non_blocking=True)
         mass = probs[:, :, vision_keys].sum(-1)   # (heads, q)
-        saved.setdefault(("vision_mass", layer), []).append(to_host(mass.transpose(0, 1)))
-        saved.setdefault(("last_row", layer), []).append(to_host(probs[:, -1, :].transpose(0, 1)))
+        saved.setdefault(("vision_mass", layer), []).append(saved_copy(mass.transpose(0, 1)))
+        saved.setdefault(("last_row", layer), []).append(saved_copy(probs[:, -1, :].transpose(0, 1)))
 
 
 class ModuleOutputCapture(Record):
@@ -142,7 +155,7 @@ class ModuleOutputCapture(Record):
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        saved.setdefault((self.site, None), []).append(to_host(token_rows(site_tensor(model, self.site), row)[0]))
+        saved.setdefault((self.site, None), []).append(saved_copy(token_rows(site_tensor(model, self.site), row)[0]))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
@@ -162,7 +175,7 @@ class LayerOutputCapture(Record):
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         tensor = token_rows(site_tensor(model, self.site, layer), row)
-        saved.setdefault((self.site, layer), []).append(to_host(tensor[0]))
+        saved.setdefault((self.site, layer), []).append(saved_copy(tensor[0]))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
@@ -193,8 +206,8 @@ class LogitLensCapture(Record):
         norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
         logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
         top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)
-        saved.setdefault(("lens_ids", layer), []).append(top.indices.detach().to("cpu", copy=True))
-        saved.setdefault(("lens_logprobs", layer), []).append(to_host(top.values))
+        saved.setdefault(("lens_ids", layer), []).append(top.indices.detach().clone())
+        saved.setdefault(("lens_logprobs", layer), []).append(saved_copy(top.values))
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{lens_ids, lens_logprobs: (token, layer, lens_rank)}; a prompt over two traces is joined."""
@@ -221,7 +234,7 @@ class PatchCapture(Record):
         if "pixel_values" not in inputs.encoding:
             return
         tensor = batch_rows(site_tensor(model, self.site, layer), row)
-        saved[(self.site, layer)] = [to_host(tensor.reshape(-1, tensor.shape[-1]))]
+        saved[(self.site, layer)] = [saved_copy(tensor.reshape(-1, tensor.shape[-1]))]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         variable = site(self.site).variable
@@ -251,7 +264,7 @@ class EmbeddingTableCapture(Record):
         scale = getattr(envoy, "embed_scale", None)
         if scale is not None:
             norms = norms * float(scale)
-        saved[(self.site, None)] = [to_host(norms)]
+        saved[(self.site, None)] = [saved_copy(norms)]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         return {site(self.site).variable: merged[(self.site, None)][0][None].numpy()}
@@ -270,7 +283,7 @@ class SiteValues(Record):
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         index = torch.as_tensor(position_index(self.positions, inputs.modality))
-        saved[("site", self.site, layer)] = to_host(batch_rows(site_tensor(model, self.site, layer), row)[0, index])
+        saved[("site", self.site, layer)] = saved_copy(batch_rows(site_tensor(model, self.site, layer), row)[0, index])
 
 
 class CachedKVCapture(Record):

@@ -24,7 +24,7 @@ import nnsight
 import numpy as np
 import torch
 
-from ..capture import CapturePlan, SiteValues
+from ..capture import CapturePlan, SiteValues, saved_copy
 from ..interventions import Normalize, apply_rows, needs_source
 from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
@@ -122,10 +122,21 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
                     item.read(model, layer, saved[r], rows[r].inputs, where)
                 else:
                     last = token_rows(model.module(model.arch.lm_head)[0].output, where)[0, -1]  # its last real position
-                    saved[r][("logprobs", None)] = [torch.log_softmax(last.detach().to("cpu", torch.float32), -1)]
+                    saved[r][("logprobs", None)] = [torch.log_softmax(saved_copy(last), -1)]
             if cache is None and keep_cache:
                 saved[0]["cache"] = model.lm.output.past_key_values
-    return saved, saved[0].pop("cache", None)
+    built = saved[0].pop("cache", None)
+    return [_on_host(row) for row in saved], built
+
+
+def _on_host(saved: dict[Any, Any]) -> dict[Any, Any]:
+    """A row's saved values moved to the host, now that the forward is done: the reads left them
+    on the model's device (`capture.saved_copy`); on the CPU this moves nothing."""
+    return {key: [_host(v) for v in value] if isinstance(value, list) else _host(value) for key, value in saved.items()}
+
+
+def _host(value: Any) -> Any:
+    return value.to("cpu") if isinstance(value, torch.Tensor) else value
 
 
 def _stack_layers(saved: dict, name: str, layers: tuple[int, ...], dim: int = 1) -> torch.Tensor:

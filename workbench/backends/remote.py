@@ -10,7 +10,7 @@ What runs where:
   `ndif_job.server_run`: the sample's conditions not yet stored, through the local backend's
   `run_conditions` as is (batched by `backend.batch_size` as locally; source conditions for `patch` / `add direction_from`, greedy
   decode steps, `kv_swap`, whose KV caches never leave the server), against the server's model.
-  Captures are moved to CPU and cast to float32 inside the traces (as locally); only they come
+  Captures are cast to float32 inside the traces and moved to CPU after each (as locally); only they come
   back, per condition.
 
 How the code gets there: nnsight serializes the session body with cloudpickle, functions by
