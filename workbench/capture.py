@@ -282,8 +282,10 @@ class SiteValues(Record):
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        index = torch.as_tensor(position_index(self.positions, inputs.modality))
-        saved[("site", self.site, layer)] = saved_copy(batch_rows(site_tensor(model, self.site, layer), row)[0, index])
+        tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
+        index = torch.as_tensor(position_index(self.positions, inputs.modality)).to(tensor.device, non_blocking=True)
+        saved[("site", self.site, layer)] = saved_copy(tensor[0, index])
 
 
 class CachedKVCapture(Record):

@@ -75,7 +75,8 @@ class Intervention(Record):
         if access == "patches":  # the tower's rows are patches, not LLM positions: every row
             hidden[:] = self.edit(hidden, layer)
             return
-        index = torch.as_tensor(position_index(self.positions, inputs.modality), device=hidden.device)
+        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
+        index = torch.as_tensor(position_index(self.positions, inputs.modality)).to(hidden.device, non_blocking=True)
         hidden[:, index] = self.edit(hidden[:, index], layer)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
@@ -155,7 +156,7 @@ class Add(Intervention):
 
     def random_step(self, x: torch.Tensor) -> torch.Tensor:
         """n_t · u for every row of x (before `factor`)."""
-        u = torch.as_tensor(random_direction(self.seed, x.shape[-1]), device=x.device).to(x.dtype)
+        u = torch.as_tensor(random_direction(self.seed, x.shape[-1])).to(x.device, x.dtype, non_blocking=True)
         size = x.norm(dim=-1, keepdim=True) if self.norm == "matched" else float(self.norm)
         return size * u
 
@@ -163,9 +164,9 @@ class Add(Intervention):
         if self.direction == "random":
             return x + self.factor * self.random_step(x)
         if self.source is None:
-            direction = torch.tensor(self.vector, dtype=x.dtype, device=x.device)
+            direction = torch.tensor(self.vector, dtype=x.dtype).to(x.device, non_blocking=True)
         else:
-            direction = self.bound[layer].to(x.device, x.dtype)
+            direction = self.bound[layer].to(x.device, x.dtype, non_blocking=True)
         return x + self.factor * direction
 
     @classmethod
@@ -189,7 +190,7 @@ class Patch(Intervention):
         return self.replace(bound=values)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
-        return self.bound[layer].to(x.device, x.dtype).reshape(x.shape)
+        return self.bound[layer].to(x.device, x.dtype, non_blocking=True).reshape(x.shape)
 
     @classmethod
     def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Patch":
