@@ -43,7 +43,8 @@ import torch
 
 from .models.protocol import ModelLike
 from .records import Record
-from .sites import BatchRow, batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor, token_rows
+from .sites import (BatchRow, batch_rows, order, position_index, read_order, residual_envoy, site, site_tensor,
+                    to_device, token_rows)
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -137,8 +138,7 @@ class AttentionCapture(Record):
         n_keys = probs.shape[-1]
         vision_keys = torch.zeros(n_keys, dtype=torch.bool, device=probs.device)  # generated keys: text
         prompt = torch.as_tensor(inputs.modality == "vision")[:n_keys]
-        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
-        vision_keys[: prompt.shape[0]] = prompt.to(probs.device, non_blocking=True)
+        vision_keys[: prompt.shape[0]] = to_device(prompt, probs)
         mass = probs[:, :, vision_keys].sum(-1)   # (heads, q)
         saved.setdefault(("vision_mass", layer), []).append(saved_copy(mass.transpose(0, 1)))
         saved.setdefault(("last_row", layer), []).append(saved_copy(probs[:, -1, :].transpose(0, 1)))
@@ -283,8 +283,7 @@ class SiteValues(Record):
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         tensor = batch_rows(site_tensor(model, self.site, layer), row)
-        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
-        index = torch.as_tensor(position_index(self.positions, inputs.modality)).to(tensor.device, non_blocking=True)
+        index = to_device(torch.as_tensor(position_index(self.positions, inputs.modality)), tensor)
         saved[("site", self.site, layer)] = saved_copy(tensor[0, index])
 
 

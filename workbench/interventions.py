@@ -29,7 +29,7 @@ import torch
 from .models.protocol import ModelLike
 from .records import Record
 from .sites import (EDITABLE_SITES, PROJECTOR_SITES, batch_rows, connector_modules, order, position_index, site,
-                    site_modules, site_tensor)
+                    site_modules, site_tensor, to_device)
 
 __all__ = ["EDITABLE_SITES", "PROJECTOR_SITES", "Intervention", "Scale", "Zero", "Normalize", "Add", "Patch",
            "apply_rows", "build_intervention", "needs_source"]
@@ -75,8 +75,7 @@ class Intervention(Record):
         if access == "patches":  # the tower's rows are patches, not LLM positions: every row
             hidden[:] = self.edit(hidden, layer)
             return
-        # non_blocking: a blocking copy to the device would wait for the forward's queued kernels
-        index = torch.as_tensor(position_index(self.positions, inputs.modality)).to(hidden.device, non_blocking=True)
+        index = to_device(torch.as_tensor(position_index(self.positions, inputs.modality)), hidden)
         hidden[:, index] = self.edit(hidden[:, index], layer)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
@@ -156,7 +155,7 @@ class Add(Intervention):
 
     def random_step(self, x: torch.Tensor) -> torch.Tensor:
         """n_t · u for every row of x (before `factor`)."""
-        u = torch.as_tensor(random_direction(self.seed, x.shape[-1])).to(x.device, x.dtype, non_blocking=True)
+        u = to_device(torch.as_tensor(random_direction(self.seed, x.shape[-1])), x, x.dtype)
         size = x.norm(dim=-1, keepdim=True) if self.norm == "matched" else float(self.norm)
         return size * u
 
@@ -164,9 +163,9 @@ class Add(Intervention):
         if self.direction == "random":
             return x + self.factor * self.random_step(x)
         if self.source is None:
-            direction = torch.tensor(self.vector, dtype=x.dtype).to(x.device, non_blocking=True)
+            direction = to_device(torch.tensor(self.vector, dtype=x.dtype), x)
         else:
-            direction = self.bound[layer].to(x.device, x.dtype, non_blocking=True)
+            direction = to_device(self.bound[layer], x, x.dtype)
         return x + self.factor * direction
 
     @classmethod
@@ -190,7 +189,7 @@ class Patch(Intervention):
         return self.replace(bound=values)
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
-        return self.bound[layer].to(x.device, x.dtype, non_blocking=True).reshape(x.shape)
+        return to_device(self.bound[layer], x, x.dtype).reshape(x.shape)
 
     @classmethod
     def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Patch":

@@ -283,3 +283,12 @@ def position_index(positions: str | list[int] | tuple[int, ...], modality: np.nd
     if (index >= n).any():
         raise IndexError(f"positions {index[index >= n].tolist()} out of range for a sequence of {n} tokens")
     return index
+
+
+def to_device(value: Any, like: Any, dtype: Any = None) -> Any:
+    """A host tensor sent into a forward, on `like`'s device (in `dtype` if given). On CUDA it
+    does not block: a blocking copy to the device waits for every kernel the forward queued
+    before it, while from pageable memory CUDA stages the copy at once (so `value` may be freed
+    after). Elsewhere a plain copy (MPS's non-blocking copies have had races)."""
+    device = like.device
+    return value.to(device=device, dtype=dtype, non_blocking=device.type == "cuda")
