@@ -53,6 +53,31 @@ def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None
     sync()
 
 
+def nnsight_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None:
+    """The plain loop as a user of nnsight writes it by hand: per sample the same encode, one
+    nnsight trace saving the residual stream at every layer from the same sites the workbench
+    reads (`workbench.sites.residual_envoy`: each decoder layer's input and the final norm's),
+    stacked, copied to host float32 and `np.save`d. Against the plain loop it measures what
+    tracing alone costs (nnsight's hand-offs at every module call); against it, the workbench's
+    own share of the ratio (labels, store)."""
+    import nnsight
+    import numpy as np
+    import torch
+
+    from workbench.sites import residual_envoy
+
+    layers = range(model.n_layers + 1)
+    for i, sample in enumerate(samples):
+        inputs = model.encode(sample.image, sample.question, "real")
+        model.prepare()
+        with torch.inference_mode():
+            with model.lm.trace(**inputs.encoding, use_cache=False):
+                saved = nnsight.save([residual_envoy(model, l).input[0] for l in layers])
+            hidden = torch.stack(saved, dim=1).to("cpu", torch.float32).numpy()
+        np.save(out_dir / f"hidden-{i}.npy", hidden)
+    sync()
+
+
 def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
                    commit_interval_s: float | None = None, store_writes: bool = True) -> tuple[float, float, int, float]:
     """The runner's loop over `samples` (`common.runner_loop`); returns (CPU s, wall s, commits,
@@ -66,9 +91,11 @@ def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
 
 
 def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | None = None,
-            commit_interval_s: float | None = None, store_writes: bool = True) -> dict[str, Any]:
+            commit_interval_s: float | None = None, store_writes: bool = True,
+            nnsight_only: bool = False) -> dict[str, Any]:
     """Per-sample CPU and wall time of both loops over `n` built-in samples, and their ratios.
-    store_writes=False: the workbench arm drops its results (a diagnostic, see `tiny`)."""
+    store_writes=False: the workbench arm drops its results (a diagnostic, see `tiny`);
+    nnsight_only: `nnsight_loop` in the workbench arm's place (a diagnostic)."""
     import torch
 
     from workbench.data import builtin_samples
@@ -90,8 +117,11 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
             plain_loop(model, samples, new_dir(Path(tmp) / f"plain{i}"), sync)
 
         def workbench(i: int) -> None:
-            cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync, commit_interval_s,
-                                                store_writes)
+            if nnsight_only:
+                cpu, wall, k, main = _timed_loop(lambda: nnsight_loop(model, samples, new_dir(Path(tmp) / f"nn{i}"), sync))
+            else:
+                    cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync,
+                                                    commit_interval_s, store_writes)
             if i >= 0:
                 wb_cpu.append(cpu)
                 wb_wall.append(wall)
@@ -124,8 +154,18 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
         "commits": commits,
         "commit_interval_s": commit_interval_s,
         "store_writes": store_writes,
+        "nnsight_only": nnsight_only,
     })
     return out
+
+
+def _timed_loop(loop: Any) -> tuple[float, float, int, float]:
+    """(CPU s of the process, wall s, commits (none), CPU s of this thread) of `loop()`."""
+    import time
+
+    cpu, wall, main = time.process_time(), time.perf_counter(), time.thread_time()
+    loop()
+    return time.process_time() - cpu, time.perf_counter() - wall, 0, time.thread_time() - main
 
 
 # the forwards of one model in the seed's α sweep (80 samples x 9 conditions): a run's length
@@ -147,12 +187,13 @@ def ram_dir() -> Path | None:
 
 def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 128, repeats: int = 10,
          workdir: Path | None = None, long_run: int | None = SEED_RUN) -> dict[str, Any]:
-    """The tiny models (a fast forward: the proxy for a GPU), and three diagnostics: one commit
+    """The tiny models (a fast forward: the proxy for a GPU), and four diagnostics: one commit
     per forward (`commit_interval_s: 0`, what every result cost before commits were gathered),
     both loops writing to RAM instead of the disk (`ram_dir`),
     the run's loop with its results dropped instead of stored (what the forwards' side costs
     alone: nnsight, labels; its forwards' thread against the gathered run's shows what the
-    writer's threads cost the forwards by running beside them), and, for the first model, a run
+    writer's threads cost the forwards by running beside them), a hand-written nnsight loop in
+    the workbench's place (`nnsight_loop`: what tracing alone costs), and, for the first model, a run
     as long as one model's α sweep in the seed (`long_run` forwards: commits are paced and cut
     by bytes there, where a run of `n` makes about two)."""
     from workbench.models.model import load_model
@@ -167,6 +208,9 @@ def tiny(models: tuple[str, ...] = ("tiny-smolvlm", "tiny-qwen3vl"), n: int = 12
         out[f"{name} | commit per forward"] = measure(model, max(4, n // 16), 2, workdir=workdir,
                                                       commit_interval_s=0)
         out[f"{name} | no store"] = measure(model, n, max(2, repeats // 2), workdir=workdir, store_writes=False)
+        # what tracing alone costs, files in RAM as in the row it explains
+        out[f"{name} | nnsight loop"] = {**measure(model, n, max(2, repeats // 2), workdir=ram or workdir,
+                                                   nnsight_only=True), "in_ram": ram is not None}
         if long_run and name == models[0]:
             out[f"{name} | {long_run} forwards"] = {**measure(model, long_run, max(3, repeats // 2), workdir=workdir),
                                                     "long_run": True}

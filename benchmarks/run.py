@@ -412,21 +412,23 @@ def _overhead_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
         real = r.get("real_size", False)
         target = TARGETS["overhead_real" if real else "overhead_tiny"]
         stored = r.get("store_writes", True)
-        gathered = r.get("commit_interval_s") != 0 and stored
+        gathered = r.get("commit_interval_s") != 0 and stored and not r.get("nnsight_only")
         label = "per-sample overhead of a run" + (
-            " (a run as long as one model's α sweep in the seed)" if r.get("long_run")
+            " (diagnostic: a hand-written nnsight loop in the workbench's place)" if r.get("nnsight_only")
+            else " (a run as long as one model's α sweep in the seed)" if r.get("long_run")
             else " (both loops' files in RAM, tmpfs)" if r.get("in_ram") and gathered
             else "" if gathered else " (diagnostic: a commit per forward)" if stored
             else " (diagnostic: results dropped, no store)")
         out.append(_row("8", label, f"{r['model']}, {r['samples']} samples{' (real size, fp32)' if real else ''}",
                         f"plain loop {_fmt_s(r['plain_cpu_per_sample_s'])}/sample",
+                        f"nnsight loop {_fmt_s(r['workbench_cpu_per_sample_s'])}/sample" if r.get("nnsight_only") else
                         f"{_fmt_s(r['workbench_cpu_per_sample_s'])}/sample ({len(r['commits'])} runs: "
                         f"{'/'.join(map(str, r['commits']))} commits)",
                         r["ratio"], r["wall_ratio"], r["noise"],
                         (f"≤ {target:.2f}" + (" (CI's upper end)" if "pair_ci95" in r else "")) if gathered else "—",
                         overhead_met(r, target) if gathered else None,
                         "plain loop: encode + forward + hidden states of every layer to host + np.save; "
-                        "CPU of all threads" + _ci_note(r) + _split_note(r)))
+                        "CPU of all threads" + _ci_note(r) + ("" if r.get("nnsight_only") else _split_note(r))))
     return out
 
 

@@ -47,7 +47,11 @@ def test_quick_benchmarks_at_minimal_size(tmp_path):
 
     ram = {"tiny-qwen3vl | files in RAM"} if ram_dir() is not None else set()
     assert set(ov) == {"tiny-qwen3vl", "tiny-qwen3vl | commit per forward", "tiny-qwen3vl | no store",
-                       "tiny-qwen3vl | 8 forwards"} | ram
+                       "tiny-qwen3vl | nnsight loop", "tiny-qwen3vl | 8 forwards"} | ram
+    # what tracing alone costs: a hand-written nnsight loop in the workbench's place, no target
+    nn = ov["tiny-qwen3vl | nnsight loop"]
+    assert nn["nnsight_only"] is True and _number(nn["ratio"]) and nn["commits"] == [0, 0]
+    assert any("hand-written nnsight loop" in r["measurement"] and r["met"] is None for r in data["rows"])
     if ram:  # both loops' files in RAM (tmpfs): the same measurement, judged by the same target
         assert ov["tiny-qwen3vl | files in RAM"]["in_ram"] is True and _number(ov["tiny-qwen3vl | files in RAM"]["ratio"])
     assert ov["tiny-qwen3vl | 8 forwards"]["samples"] == 8 and len(ov["tiny-qwen3vl | 8 forwards"]["pair_ratios"]) == 3
