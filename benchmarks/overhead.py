@@ -37,7 +37,9 @@ store: {{path: {store}}}
 """
 
 
-def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None:
+def _saving_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any, hidden_states: Any) -> None:
+    """Both hand-written loops: per sample the processor call, `hidden_states(encoding)` (the
+    forward, under inference mode), np.save of what it returns."""
     import numpy as np
     import torch
 
@@ -45,12 +47,21 @@ def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None
         inputs = model.encode(sample.image, sample.question, "real")
         model.prepare()
         with torch.inference_mode():
-            # no KV cache: the workbench builds none where nothing reads it, so neither
-            # arm pays for one (the ratio is the workbench's overhead, not work it skips)
-            out = model.hf(**inputs.encoding, output_hidden_states=True, use_cache=False)
-            hidden = torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()
+            hidden = hidden_states(inputs.encoding)
         np.save(out_dir / f"hidden-{i}.npy", hidden)
     sync()
+
+
+def plain_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None:
+    import torch
+
+    def hidden_states(encoding: dict[str, Any]) -> Any:
+        # no KV cache: the workbench builds none where nothing reads it, so neither
+        # arm pays for one (the ratio is the workbench's overhead, not work it skips)
+        out = model.hf(**encoding, output_hidden_states=True, use_cache=False)
+        return torch.stack(out.hidden_states, dim=2)[0].to("cpu", torch.float32).numpy()
+
+    _saving_loop(model, samples, out_dir, sync, hidden_states)
 
 
 def nnsight_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> None:
@@ -61,21 +72,18 @@ def nnsight_loop(model: Any, samples: list[Any], out_dir: Path, sync: Any) -> No
     tracing alone costs (nnsight's hand-offs at every module call); against it, the workbench's
     own share of the ratio (labels, store)."""
     import nnsight
-    import numpy as np
     import torch
 
     from workbench.sites import residual_envoy
 
     layers = range(model.n_layers + 1)
-    for i, sample in enumerate(samples):
-        inputs = model.encode(sample.image, sample.question, "real")
-        model.prepare()
-        with torch.inference_mode():
-            with model.lm.trace(**inputs.encoding, use_cache=False):
-                saved = nnsight.save([residual_envoy(model, l).input[0] for l in layers])
-            hidden = torch.stack(saved, dim=1).to("cpu", torch.float32).numpy()
-        np.save(out_dir / f"hidden-{i}.npy", hidden)
-    sync()
+
+    def hidden_states(encoding: dict[str, Any]) -> Any:
+        with model.lm.trace(**encoding, use_cache=False):
+            saved = nnsight.save([residual_envoy(model, l).input[0] for l in layers])
+        return torch.stack(saved, dim=1).to("cpu", torch.float32).numpy()
+
+    _saving_loop(model, samples, out_dir, sync, hidden_states)
 
 
 def workbench_loop(model: Any, samples: list[Any], store_path: Path, sync: Any,
@@ -120,7 +128,7 @@ def measure(model: Any, n: int, repeats: int, warmup: int = 1, workdir: Path | N
             if nnsight_only:
                 cpu, wall, k, main = _timed_loop(lambda: nnsight_loop(model, samples, new_dir(Path(tmp) / f"nn{i}"), sync))
             else:
-                    cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync,
+                cpu, wall, k, main = workbench_loop(model, samples, Path(tmp) / f"run{i}.zarr", sync,
                                                     commit_interval_s, store_writes)
             if i >= 0:
                 wb_cpu.append(cpu)
