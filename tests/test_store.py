@@ -98,6 +98,26 @@ def test_kill_after_every_write_leaves_the_last_commit_and_resumes_identical(tmp
     assert seen_counts == {0, 1, 2, 3}  # kills landed before each of the 4 commits
 
 
+@pytest.mark.parametrize("premade", [False, True], ids=["new path", "empty directory"])
+def test_kill_while_creating_the_store_resumes_identical(tmp_path, drill_store, premade):
+    """icechunk writes a new repository's first snapshot before its branch: killed in between
+    (seen in CI, a kill mid-trace landing there), the store path must not be left a non-empty
+    directory that is not a store, which the rerun refuses. The store is created beside its path
+    and renamed into place (onto the empty directory a user may have made)."""
+    store = tmp_path / "new.zarr"
+    if premade:
+        store.mkdir()
+    killed = subprocess.run([sys.executable, str(TESTS / "store_drill.py"), str(store)], cwd=ROOT,
+                            env={**os.environ, "WORKBENCH_KILL_AT": "store.create:1"}, timeout=300)
+    assert killed.returncode == -9
+    assert not store.exists() or not any(store.iterdir())
+    assert (tmp_path / "new.zarr.creating").is_dir()  # the killed creation, left beside it
+    workbench.store.check_store_path(store)  # the path is still fit for a store
+    assert store_drill.run(str(store)) == 0
+    assert not (tmp_path / "new.zarr.creating").exists()
+    assert_same_store(store, drill_store, (store_drill.MODEL,))
+
+
 def test_reader_loop_during_a_live_run_sees_only_committed_prefixes(tmp_path, workbench_cache, drill_store):
     """A reader in a loop while `workbench run` writes: every open succeeds, and every read is a
     committed prefix of the final store with complete rows."""

@@ -60,6 +60,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -485,8 +486,7 @@ class StoreWriter:
     def _create_repo(self) -> Any:
         ic = _icechunk()
         if not self.shared:
-            self._real.mkdir(parents=True, exist_ok=True)
-            return ic.Repository.create(_storage(self._real), config=_repo_config())
+            return self._create_local_repo()
         try:
             return ic.Repository.create(_storage(self._real), config=_repo_config())
         except ic.IcechunkError:  # another shard created it first ("only in clean prefixes")
@@ -500,6 +500,22 @@ class StoreWriter:
                 with attempt:
                     return self._open_existing(self._real)
             raise AssertionError("unreachable")  # pragma: no cover
+
+    def _create_local_repo(self) -> Any:
+        """icechunk writes a new repository's first snapshot before its branch: a kill in between
+        would leave a directory that is neither empty nor a store, which the rerun must refuse.
+        So it is created beside the store and renamed into place (rename is atomic, and replaces
+        the empty directory a user may have made). A leftover from a killed creation is this
+        writer's own (it holds the lock) and is removed."""
+        ic = _icechunk()
+        real = self._real
+        creating = real.with_name(real.name + ".creating")
+        shutil.rmtree(creating, ignore_errors=True)
+        real.parent.mkdir(parents=True, exist_ok=True)
+        ic.Repository.create(_storage(creating), config=_repo_config())
+        fault_point("store.create")
+        os.replace(creating, real)
+        return ic.Repository.open(_storage(real), config=_repo_config())
 
     def _forget_layout(self) -> None:
         """Drop what this writer knows of committed arrays: another writer moved the branch."""
