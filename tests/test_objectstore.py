@@ -155,6 +155,37 @@ def test_a_writer_with_a_stale_layout_appends_after_the_other_writers_rows(s3, t
     assert store_info(url)["runs"] == 2
 
 
+def test_an_interrupted_creation_is_named_with_what_to_do(s3, s3_server, tmp_path, monkeypatch):
+    """A writer killed while creating a store on object storage leaves its first snapshot and no
+    branch (icechunk writes them in that order; there is no rename to make it atomic). No one can
+    create a repository over it: the next writer waits for a branch, then says what lies there
+    and what to do, and writes nothing; once it is deleted, the store is written."""
+    import boto3
+    import icechunk
+
+    first = tmp_path / "first"
+    icechunk.Repository.create(icechunk.local_filesystem_storage(str(first)))
+    snapshot = next((first / "snapshots").iterdir())
+    url = s3()
+    prefix = url.removeprefix(f"s3://{BUCKET}/")
+    client = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/snapshots/{snapshot.name}", Body=snapshot.read_bytes())
+    monkeypatch.setattr("workbench.store.CREATE_WAIT_S", 1.0)
+    with StoreWriter(url) as writer, pytest.raises(StorePathError) as err:
+        _declare(writer, "after-a-kill")
+        writer.write_samples([_drill_result(0, 0)])
+    assert "no branch after 1 s" in str(err.value) and "killed while creating" in str(err.value)
+    assert f"aws s3 rm --recursive {url}" in err.value.hint
+    assert bucket_keys(s3_server, prefix) == [f"{prefix}/snapshots/{snapshot.name}"]  # nothing written
+    client.delete_object(Bucket=BUCKET, Key=f"{prefix}/snapshots/{snapshot.name}")
+    with StoreWriter(url) as writer:
+        _declare(writer, "after-the-delete")
+        writer.write_samples([_drill_result(0, 0)])
+        writer.finish_run()
+    assert verify_store(url) == []
+
+
 def test_a_commit_that_loses_the_race_is_retried(s3, tmp_path):
     """Two writers stage the same condition from the same tip; A commits first, B's commit
     conflicts (the same arrays' metadata and last chunks) and is re-staged after A's rows."""

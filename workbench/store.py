@@ -378,6 +378,8 @@ class BranchMovedError(StoreError):
     """Another writer of an object store kept committing first, more often than this writer retries."""
 
 
+# how long a writer whose object-store creation lost the race waits for the winner's branch
+CREATE_WAIT_S = 30.0
 # an object store's writer re-stages a commit whose branch moved at most this many times
 COMMIT_TRIES = int(os.environ.get("WORKBENCH_COMMIT_TRIES", 20))
 
@@ -494,11 +496,22 @@ class StoreWriter:
 
             # its files appear before its branch does: wait until it opens (a foreign repository
             # there is refused at once)
-            for attempt in tenacity.Retrying(stop=tenacity.stop_after_delay(30), reraise=True,
-                                             retry=tenacity.retry_if_not_exception_type(StorePathError),
-                                             wait=tenacity.wait_random(0.05, 0.3)):
-                with attempt:
-                    return self._open_existing(self._real)
+            try:
+                for attempt in tenacity.Retrying(stop=tenacity.stop_after_delay(CREATE_WAIT_S), reraise=True,
+                                                 retry=tenacity.retry_if_not_exception_type(StorePathError),
+                                                 wait=tenacity.wait_random(0.05, 0.3)):
+                    with attempt:
+                        return self._open_existing(self._real)
+            except StorePathError:
+                raise
+            except StoreError:
+                # an object store has no rename to make creation atomic: a writer killed between
+                # the first snapshot and the branch leaves files no writer can create over
+                raise StorePathError(
+                    f"{self.path} holds files but no store that opens (no branch after {CREATE_WAIT_S:g} s); "
+                    "a writer killed while creating the store leaves it so",
+                    hint=f"delete what lies under {self.path} (e.g. `aws s3 rm --recursive {self.path}`) "
+                         "or pass another store path") from None
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _create_local_repo(self) -> Any:
