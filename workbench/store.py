@@ -519,12 +519,11 @@ class StoreWriter:
         would leave a directory that is neither empty nor a store, which the rerun must refuse.
         So it is created beside the store and renamed into place (rename is atomic, and replaces
         the empty directory a user may have made). A leftover from a killed creation is this
-        writer's own (it holds the lock) and is removed."""
+        writer's own (it holds the lock, whose file made the parent directory) and is removed."""
         ic = _icechunk()
         real = self._real
         creating = real.with_name(real.name + ".creating")
         shutil.rmtree(creating, ignore_errors=True)
-        real.parent.mkdir(parents=True, exist_ok=True)
         ic.Repository.create(_storage(creating), config=_repo_config())
         fault_point("store.create")
         os.replace(creating, real)
