@@ -194,6 +194,21 @@ def interleave_many(arms: dict[str, Callable[[int], Any]], repeats: int, warmup:
     return out
 
 
+def code_revision() -> str | None:
+    """The commit the measured code is at, "+modified" where workbench/ or benchmarks/ differ from
+    it (runs are pooled only over the same code, `benchmarks.pooled`); None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "workbench", "benchmarks"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+modified" if changed else "")
+
+
 def machine() -> dict[str, Any]:
     """CPU model, cores, RAM and package versions of this run."""
     import importlib.metadata as md

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import REPO, RESULTS, machine, pin_threads
+from .common import REPO, RESULTS, code_revision, machine, pin_threads
 
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
@@ -137,6 +137,7 @@ def run(mode: str = "full", real_size: bool | None = None, threads: int = 1, sec
         "real_size": real_size,
         "threads": threads,
         "machine": machine(),
+        "code": code_revision(),
         "sections": {},
     }
     sec = results["sections"]

@@ -75,3 +75,71 @@ def test_interleave_records_steal_and_the_pairs_interval():
     assert summary["pair_ratios"] == pytest.approx(ratios, abs=1e-4)
     low, high = summary["pair_ci95"]
     assert low <= summary["pair_gmean"] <= high
+
+
+def _results(rows: dict[str, list[float]], real: dict[str, list[float]] | None = None) -> dict:
+    """A section-8 results file as benchmarks.run writes one (only what pooling reads)."""
+    tiny = {name: {"pair_ratios": ratios, "store_writes": "no store" not in name,
+                   "commit_interval_s": 0 if "commit per forward" in name else None,
+                   "nnsight_only": "nnsight loop" in name} for name, ratios in rows.items()}
+    sections = {"overhead_tiny": tiny}
+    for name, ratios in (real or {}).items():
+        sections[f"real:{name}"] = {"overhead": {"pair_ratios": ratios, "store_writes": True}}
+    return {"sections": sections}
+
+
+def test_pooled_interval_is_students_t_over_the_runs_means():
+    from scipy import stats
+
+    from benchmarks.pooled import pooled_ci
+
+    runs = [[1.10, 1.20, 1.15], [1.30, 1.25], [1.05, 1.08, 1.02, 1.11]]
+    gmean, low, high = pooled_ci(runs)
+    # computed independently: each run's mean log ratio, one value per run, whatever its pairs
+    means = np.array([np.mean(np.log(r)) for r in runs])
+    half = stats.t.ppf(0.975, len(means) - 1) * means.std(ddof=1) / np.sqrt(len(means))
+    assert gmean == pytest.approx(np.exp(means.mean()))
+    assert (low, high) == pytest.approx((np.exp(means.mean() - half), np.exp(means.mean() + half)))
+    # one run (no spread between runs to estimate): its geometric mean, an interval of width 0
+    assert pooled_ci([[1.1, 1.2]]) == pytest.approx((np.sqrt(1.1 * 1.2),) * 3)
+    with pytest.raises(ValueError):
+        pooled_ci([[]])
+
+
+def test_pooled_interval_covers_a_ratio_that_moves_between_runs():
+    # each run sees the true ratio shifted by the machine's state of the moment, and its pairs
+    # scatter around that: a within-run interval misses the truth far more often than 5 %; the
+    # pooled one over 6 runs covers it about 95 % of the time
+    from benchmarks.pooled import pooled_ci
+
+    rng = np.random.default_rng(3)
+    true, covered, single = 1.18, 0, 0
+    for _ in range(200):
+        runs = [list(np.exp(np.log(true) + rng.normal(0, 0.05) + rng.normal(0, 0.08, size=16))) for _ in range(6)]
+        _, low, high = pooled_ci(runs)
+        covered += low <= true <= high
+        _, low1, high1 = ratio_ci(runs[0])
+        single += low1 <= true <= high1
+    assert 0.89 <= covered / 200 <= 0.99
+    assert single / 200 < 0.8
+
+
+def test_pool_judges_each_row_by_its_own_target_and_leaves_diagnostics_unjudged(tmp_path):
+    from benchmarks.pooled import pool, table
+
+    files = []
+    for i, shift in enumerate([0.0, 0.02, -0.01]):
+        rows = {"tiny-a": [1.10 + shift, 1.12 + shift, 1.11 + shift],
+                "tiny-a | no store": [1.0, 1.01, 0.99],
+                "tiny-b | files in RAM": [1.24 + shift, 1.30 + shift, 1.27 + shift]}
+        path = tmp_path / f"run{i}.json"
+        path.write_text(__import__("json").dumps(_results(rows, {"big": [1.02 + shift, 1.03 + shift, 1.04]})))
+        files.append(path)
+    pooled = {p["row"]: p for p in pool(files)}
+    assert pooled["tiny-a"]["met"] is True and pooled["tiny-a"]["target"] == 1.25
+    assert pooled["tiny-b | files in RAM"]["met"] is False  # its runs' means sit over 1.25
+    assert pooled["tiny-a | no store"]["met"] is None and pooled["tiny-a | no store"]["target"] is None
+    assert pooled["real:big"]["target"] == 1.05 and pooled["real:big"]["runs"] == 3
+    assert pooled["tiny-a"]["runs"] == 3 and pooled["tiny-a"]["pairs"] == 9
+    text = table(list(pooled.values()))
+    assert "tiny-b, files in RAM" in text and text.count("\n") == len(pooled) + 1
