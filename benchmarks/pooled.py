@@ -24,16 +24,18 @@ from typing import Any
 
 def pooled_ci(runs: list[list[float]], level: float = 0.95) -> tuple[float, float, float]:
     """(geometric mean, low, high) of `runs`, each a run's paired ratios: the mean over runs of
-    each run's mean log ratio, with a Student's t interval over the runs. One run, or runs that
-    agree exactly, give an interval of width 0: there is no spread between runs to estimate."""
+    each run's mean log ratio, with a Student's t interval over the runs. One run has no spread
+    between runs to estimate: its interval is (nan, nan), and no target is judged by it."""
     from scipy import stats
 
     means = [sum(math.log(r) for r in ratios) / len(ratios) for ratios in runs if ratios]
     if not means:
         raise ValueError("no paired ratios to pool")
     centre = sum(means) / len(means)
-    if len(means) < 2 or max(means) == min(means):
-        return math.exp(centre), math.exp(centre), math.exp(centre)
+    if len(means) < 2:
+        return math.exp(centre), math.nan, math.nan
+    if max(means) == min(means):  # runs that agree exactly (t of a zero spread is undefined)
+        return (math.exp(centre),) * 3
     sem = stats.sem(means)
     low, high = stats.t.interval(level, len(means) - 1, loc=centre, scale=sem)
     return math.exp(centre), math.exp(low), math.exp(high)
@@ -76,7 +78,8 @@ def pool(files: list[Path]) -> list[dict[str, Any]]:
             "run_gmeans": [round(math.exp(sum(map(math.log, r)) / len(r)), 4) for r in runs],
             "gmean": round(gmean, 4), "ci95": [round(low, 4), round(high, 4)],
             "target": None if diagnostic else target,
-            "met": None if diagnostic else high <= target,
+            # one run shows nothing of the next one's state: not judged
+            "met": None if diagnostic or len(runs) < 2 else high <= target,
             "runs_met": None if diagnostic else sum(1 for row in rows if "pair_ci95" in row and row["pair_ci95"][1] <= target),
         })
     return out
@@ -87,7 +90,7 @@ def table(pooled: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|"]
     for p in pooled:
         target = "—" if p["target"] is None else f"≤ {p['target']:.2f}"
-        met = "—" if p["met"] is None else ("yes" if p["met"] else "**no**")
+        met = ("—" if p["target"] is None else "needs 2 runs") if p["met"] is None else ("yes" if p["met"] else "**no**")
         runs_met = "—" if p["runs_met"] is None else f"{p['runs_met']} of {p['runs']}"
         each = ", ".join(f"{g:.3f}" for g in p["run_gmeans"])
         lines.append(f"| {p['row'].replace(' | ', ', ')} | {p['runs']} ({p['pairs']}) | {each} | {p['gmean']:.3f} "

@@ -100,8 +100,10 @@ def test_pooled_interval_is_students_t_over_the_runs_means():
     half = stats.t.ppf(0.975, len(means) - 1) * means.std(ddof=1) / np.sqrt(len(means))
     assert gmean == pytest.approx(np.exp(means.mean()))
     assert (low, high) == pytest.approx((np.exp(means.mean() - half), np.exp(means.mean() + half)))
-    # one run (no spread between runs to estimate): its geometric mean, an interval of width 0
-    assert pooled_ci([[1.1, 1.2]]) == pytest.approx((np.sqrt(1.1 * 1.2),) * 3)
+    # one run (no spread between runs to estimate): its geometric mean, no interval
+    mean, low, high = pooled_ci([[1.1, 1.2]])
+    assert mean == pytest.approx(np.sqrt(1.1 * 1.2)) and np.isnan(low) and np.isnan(high)
+    assert pooled_ci([[1.1, 1.2], [1.2, 1.1]]) == pytest.approx((np.sqrt(1.1 * 1.2),) * 3)
     with pytest.raises(ValueError):
         pooled_ci([[]])
 
@@ -141,5 +143,8 @@ def test_pool_judges_each_row_by_its_own_target_and_leaves_diagnostics_unjudged(
     assert pooled["tiny-a | no store"]["met"] is None and pooled["tiny-a | no store"]["target"] is None
     assert pooled["real:big"]["target"] == 1.05 and pooled["real:big"]["runs"] == 3
     assert pooled["tiny-a"]["runs"] == 3 and pooled["tiny-a"]["pairs"] == 9
+    one = {p["row"]: p for p in pool(files[:1])}
+    assert one["tiny-a"]["met"] is None and one["tiny-a | no store"]["met"] is None  # one run is not judged
+    assert "needs 2 runs" in table(list(one.values()))
     text = table(list(pooled.values()))
     assert "tiny-b, files in RAM" in text and text.count("\n") == len(pooled) + 1

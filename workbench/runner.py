@@ -481,7 +481,7 @@ def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any, 
         log("note: nnsight's local simulation hides modules process-wide; results are written "
             "synchronously (no background writer)")
         queue_mb = 0
-    interval = getattr(spec.backend, "commit_interval_s", 1.0)
+    interval = getattr(spec.backend, "commit_interval_s", 2.0)
     writer = BackgroundWriter(store, queue_mb << 20, written, interval) if queue_mb else SyncWriter(store, written)
     with writer:
         yield writer

@@ -298,9 +298,10 @@ class BackendSpec(_Model):
     # forward runs meanwhile); 0 writes each result before the next forward
     write_queue_mb: NonNegativeInt = 1024
     # the background writer commits what arrived within this many seconds as one commit (a
-    # commit's fixed cost is paid once per interval); a kill loses at most that much uncommitted
-    # work, which the rerun captures again. 0: one commit per forward
-    commit_interval_s: NonNegativeFloat = 1.0
+    # commit's fixed cost, tens of ms, is paid once per interval; a store's first commit, which
+    # creates its arrays, costs the most); a kill loses at most that much uncommitted work, which
+    # the rerun captures again. 0: one commit per forward
+    commit_interval_s: NonNegativeFloat = 2.0
     # runs per forward, at most: one sample's conditions (an alpha sweep, real vs blank image) and
     # consecutive samples' runs, right-padded where prompts differ in length; samples whose image
     # inputs cannot be stacked (tiles, size), kv_swap conditions and remote jobs (one per sample)
