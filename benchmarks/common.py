@@ -195,14 +195,15 @@ def interleave_many(arms: dict[str, Callable[[int], Any]], repeats: int, warmup:
 
 
 def code_revision() -> str | None:
-    """The commit the measured code is at, "+modified" where workbench/ or benchmarks/ differ from
-    it (runs are pooled only over the same code, `benchmarks.pooled`); None outside a git checkout."""
+    """The commit the measured code is at, "+modified" where a Python file of workbench/ or
+    benchmarks/ differs from it (runs are pooled only over the same code, `benchmarks.pooled`);
+    None outside a git checkout."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "workbench", "benchmarks"],
+        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "workbench/*.py", "benchmarks/*.py"],
                                  capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
