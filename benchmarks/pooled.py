@@ -76,7 +76,7 @@ def pool(files: list[Path]) -> list[dict[str, Any]]:
         out.append({
             "row": name, "runs": len(runs), "pairs": sum(map(len, runs)),
             "run_gmeans": [round(math.exp(sum(map(math.log, r)) / len(r)), 4) for r in runs],
-            "gmean": round(gmean, 4), "ci95": [round(low, 4), round(high, 4)],
+            "gmean": round(gmean, 4), "ci95": None if math.isnan(high) else [round(low, 4), round(high, 4)],
             "target": None if diagnostic else target,
             # one run shows nothing of the next one's state: not judged
             "met": None if diagnostic or len(runs) < 2 else high <= target,
@@ -93,8 +93,9 @@ def table(pooled: list[dict[str, Any]]) -> str:
         met = ("—" if p["target"] is None else "needs 2 runs") if p["met"] is None else ("yes" if p["met"] else "**no**")
         runs_met = "—" if p["runs_met"] is None else f"{p['runs_met']} of {p['runs']}"
         each = ", ".join(f"{g:.3f}" for g in p["run_gmeans"])
-        lines.append(f"| {p['row'].replace(' | ', ', ')} | {p['runs']} ({p['pairs']}) | {each} | {p['gmean']:.3f} "
-                     f"[{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}] | {target} | {met} | {runs_met} |")
+        interval = "" if p["ci95"] is None else f" [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
+        lines.append(f"| {p['row'].replace(' | ', ', ')} | {p['runs']} ({p['pairs']}) | {each} | {p['gmean']:.3f}"
+                     f"{interval} | {target} | {met} | {runs_met} |")
     return "\n".join(lines)
 
 

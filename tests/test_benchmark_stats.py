@@ -145,6 +145,7 @@ def test_pool_judges_each_row_by_its_own_target_and_leaves_diagnostics_unjudged(
     assert pooled["tiny-a"]["runs"] == 3 and pooled["tiny-a"]["pairs"] == 9
     one = {p["row"]: p for p in pool(files[:1])}
     assert one["tiny-a"]["met"] is None and one["tiny-a | no store"]["met"] is None  # one run is not judged
-    assert "needs 2 runs" in table(list(one.values()))
+    assert one["tiny-a"]["ci95"] is None
+    assert "needs 2 runs" in table(list(one.values())) and "nan" not in table(list(one.values()))
     text = table(list(pooled.values()))
     assert "tiny-b, files in RAM" in text and text.count("\n") == len(pooled) + 1

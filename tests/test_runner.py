@@ -118,7 +118,7 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     """kill -9 in the middle of a sample's writes, right after a commit and mid-trace, through
     the real runner; the rerun resumes, and the result equals the uninterrupted run's store, row
     for row. (Every write point of a small run is drilled in test_store.py.) Mid-trace, the
-    background writer gathers results into one commit per second, so results captured but not
+    background writer gathers results into one commit every 2 s, so results captured but not
     yet committed are lost and captured again. The store kills count commits of one forward each
     (`commit_interval_s: 0`): a gathered first commit holds however many results arrived within
     its interval, so the 100th write could fall inside it and leave nothing stored."""
@@ -127,7 +127,7 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     killed = run_cli("run", str(spec), "--no-progress", "--no-table", env={"WORKBENCH_KILL_AT": kill_at})
     assert killed.returncode == -9, killed.stderr
     # a kill mid-trace may come before the first commit, which is what creates the store (the
-    # tiny models load within the writer's first 1 s interval): then nothing is on disk
+    # tiny models load within the writer's first 2 s interval): then nothing is on disk
     partial = store_info(store) if is_store(store) else {"models": {}}
     stored = sum(c["samples"] for m in partial["models"].values() for c in m["conditions"].values())
     # results are committed by the background writer, which may still hold the latest ones
@@ -140,7 +140,7 @@ def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
 
 
 def test_a_run_gathers_its_results_into_few_commits(demo_store):
-    """The background writer commits what arrives within `commit_interval_s` (1 s) together:
+    """The background writer commits what arrives within `commit_interval_s` (2 s) together:
     16 results, far fewer commits, each naming its model(s), conditions and samples (the store
     itself equals the commit-per-forward one: the kill test above compares them)."""
     from workbench.store import store_history
