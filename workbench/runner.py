@@ -473,7 +473,7 @@ def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any, 
         summary.written += 1
         bar.update(1)
 
-    queue_mb = getattr(spec.backend, "write_queue_mb", 1024)
+    queue_mb = spec.backend.write_queue_mb
     if queue_mb and remote_config is not None and remote_config.simulated:
         # nnsight's remote="local" pops every non-installed module from sys.modules, process-wide,
         # while it deserializes a request: a writer thread importing (icechunk, zarr, ...) in that
@@ -481,7 +481,7 @@ def result_writer(store: StoreWriter, spec: Any, summary: RunSummary, bar: Any, 
         log("note: nnsight's local simulation hides modules process-wide; results are written "
             "synchronously (no background writer)")
         queue_mb = 0
-    interval = getattr(spec.backend, "commit_interval_s", 2.0)
+    interval = spec.backend.commit_interval_s
     writer = BackgroundWriter(store, queue_mb << 20, written, interval) if queue_mb else SyncWriter(store, written)
     with writer:
         yield writer
