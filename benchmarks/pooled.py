@@ -22,13 +22,19 @@ import math
 from pathlib import Path
 from typing import Any
 
+
+def mean_log(ratios: list[float]) -> float:
+    """A run's mean log ratio: the log of its pairs' geometric mean."""
+    return sum(math.log(r) for r in ratios) / len(ratios)
+
+
 def pooled_ci(runs: list[list[float]], level: float = 0.95) -> tuple[float, float, float]:
     """(geometric mean, low, high) of `runs`, each a run's paired ratios: the mean over runs of
     each run's mean log ratio, with a Student's t interval over the runs. One run has no spread
     between runs to estimate: its interval is (nan, nan), and no target is judged by it."""
     from scipy import stats
 
-    means = [sum(math.log(r) for r in ratios) / len(ratios) for ratios in runs if ratios]
+    means = [mean_log(ratios) for ratios in runs if ratios]
     if not means:
         raise ValueError("no paired ratios to pool")
     centre = sum(means) / len(means)
@@ -61,11 +67,16 @@ def target_of(row: dict[str, Any]) -> float | None:
     return TARGETS["overhead_real" if row.get("real_size") else "overhead_tiny"]
 
 
-def pool(files: list[Path]) -> list[dict[str, Any]]:
-    """Every row that appears in any of `files`, pooled over the runs that have it."""
+def read(files: list[Path]) -> dict[str, dict[str, Any]]:
+    """Each results file, by its path, read once."""
+    return {str(path): json.loads(Path(path).read_text()) for path in files}
+
+
+def pool(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row that appears in any of `results` (`read`), pooled over the runs that have it."""
     by_row: dict[str, list[dict[str, Any]]] = {}
-    for path in files:
-        for name, row in rows_of(json.loads(Path(path).read_text())).items():
+    for result in results.values():
+        for name, row in rows_of(result).items():
             by_row.setdefault(name, []).append(row)
     out = []
     for name, rows in by_row.items():
@@ -75,7 +86,7 @@ def pool(files: list[Path]) -> list[dict[str, Any]]:
         diagnostic = target is None
         out.append({
             "row": name, "runs": len(runs), "pairs": sum(map(len, runs)),
-            "run_gmeans": [round(math.exp(sum(map(math.log, r)) / len(r)), 4) for r in runs],
+            "run_gmeans": [round(math.exp(mean_log(r)), 4) for r in runs],
             "gmean": round(gmean, 4), "ci95": None if math.isnan(high) else [round(low, 4), round(high, 4)],
             "target": None if diagnostic else target,
             # one run shows nothing of the next one's state: not judged
@@ -104,14 +115,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("files", nargs="+", type=Path, help="results JSON files of section 8 (benchmarks.run --out)")
     parser.add_argument("--out", type=Path, help="also write the pooled rows as JSON here")
     args = parser.parse_args(argv)
-    pooled = pool(args.files)
-    codes = {str(path): json.loads(path.read_text()).get("code") for path in args.files}
+    results = read(args.files)
+    pooled = pool(results)
+    codes = {path: result.get("code") for path, result in results.items()}
     if len(set(codes.values())) > 1:  # older files carry no revision (None)
         print("note: these runs measured different code, or say nothing of theirs: "
               + ", ".join(f"{Path(f).name}: {c or 'unrecorded'}" for f, c in codes.items()))
     print(table(pooled))
     if args.out:
-        args.out.write_text(json.dumps({"files": [str(f) for f in args.files], "rows": pooled}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"files": codes, "rows": pooled}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

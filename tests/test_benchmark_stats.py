@@ -127,7 +127,9 @@ def test_pooled_interval_covers_a_ratio_that_moves_between_runs():
 
 
 def test_pool_judges_each_row_by_its_own_target_and_leaves_diagnostics_unjudged(tmp_path):
-    from benchmarks.pooled import pool, table
+    import json
+
+    from benchmarks.pooled import pool, read, table
 
     files = []
     for i, shift in enumerate([0.0, 0.02, -0.01]):
@@ -135,15 +137,15 @@ def test_pool_judges_each_row_by_its_own_target_and_leaves_diagnostics_unjudged(
                 "tiny-a | no store": [1.0, 1.01, 0.99],
                 "tiny-b | files in RAM": [1.24 + shift, 1.30 + shift, 1.27 + shift]}
         path = tmp_path / f"run{i}.json"
-        path.write_text(__import__("json").dumps(_results(rows, {"big": [1.02 + shift, 1.03 + shift, 1.04]})))
+        path.write_text(json.dumps(_results(rows, {"big": [1.02 + shift, 1.03 + shift, 1.04]})))
         files.append(path)
-    pooled = {p["row"]: p for p in pool(files)}
+    pooled = {p["row"]: p for p in pool(read(files))}
     assert pooled["tiny-a"]["met"] is True and pooled["tiny-a"]["target"] == 1.25
     assert pooled["tiny-b | files in RAM"]["met"] is False  # its runs' means sit over 1.25
     assert pooled["tiny-a | no store"]["met"] is None and pooled["tiny-a | no store"]["target"] is None
     assert pooled["real:big"]["target"] == 1.05 and pooled["real:big"]["runs"] == 3
     assert pooled["tiny-a"]["runs"] == 3 and pooled["tiny-a"]["pairs"] == 9
-    one = {p["row"]: p for p in pool(files[:1])}
+    one = {p["row"]: p for p in pool(read(files[:1]))}
     assert one["tiny-a"]["met"] is None and one["tiny-a | no store"]["met"] is None  # one run is not judged
     assert one["tiny-a"]["ci95"] is None
     assert "needs 2 runs" in table(list(one.values())) and "nan" not in table(list(one.values()))
