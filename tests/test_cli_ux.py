@@ -5,9 +5,11 @@ stores, through `workbench.cli.main` or a subprocess."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -274,33 +276,78 @@ def test_cuda_without_a_gpu(capsys, store_copy, kept_store):
 # ------------------------------------------------------------------ interrupts and conventions
 
 
-def workbench(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
-    """`python -m workbench ARGS` in a subprocess (this checkout first on the path)."""
+def workbench(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              dispositions: dict[signal.Signals, Any] | None = None):
+    """`python -m workbench ARGS` in a subprocess (this checkout first on the path). `dispositions`
+    sets those signals' handlers in the child before it starts: a child otherwise inherits the
+    test runner's, and a runner started as a background job ignores SIGINT."""
     import os
-    import subprocess
-    import sys
+
+    def set_dispositions() -> None:
+        for signum, handler in (dispositions or {}).items():
+            signal.signal(signum, handler)
 
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=full,
-                          cwd=cwd, timeout=300)
+                          cwd=cwd, timeout=300, preexec_fn=set_dispositions if dispositions else None)
 
 
+def four_sample_spec(tmp_path: Path) -> tuple[Path, Path]:
+    return write_spec(tmp_path, "models: [tiny-llama]\ndata: {source: builtin, n: 4}\nconditions: {baseline: {}}\n"
+                      "capture: [{site: layer, layers: [1]}]\n")
+
+
+def stored_samples(store: Path) -> int:
+    import workbench as wb
+
+    return wb.store_info(store)["models"]["tiny-llama"]["conditions"]["baseline"]["samples"]
+
+
+DEFAULT_DISPOSITIONS = {signal.SIGINT: signal.SIG_DFL, signal.SIGTERM: signal.SIG_DFL}
+
+
+@pytest.mark.signals
 @pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_interrupt_stops_cleanly_and_the_rerun_resumes(tmp_path, signal_name, code):
-    spec, store = write_spec(tmp_path, "models: [tiny-llama]\ndata: {source: builtin, n: 4}\nconditions: {baseline: {}}\n"
-                             "capture: [{site: layer, layers: [1]}]\n")
+    spec, store = four_sample_spec(tmp_path)
     # the signal arrives while the 2nd sample is being written: that write completes, then the run stops
-    stopped = workbench("run", str(spec), "--no-table", env={"WORKBENCH_SIGNAL_AT": f"{signal_name}:2"})
+    stopped = workbench("run", str(spec), "--no-table", env={"WORKBENCH_SIGNAL_AT": f"{signal_name}:2"},
+                        dispositions=DEFAULT_DISPOSITIONS)
     assert stopped.returncode == code, stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == "interrupted: 2 of 4 stored; rerun to resume"
     assert "Traceback" not in stopped.stderr
-    import workbench as wb
-
-    assert wb.store_info(store)["models"]["tiny-llama"]["conditions"]["baseline"]["samples"] == 2
+    assert stored_samples(store) == 2
     resumed = workbench("run", str(spec), "--no-table")
     assert resumed.returncode == 0, resumed.stderr
     assert "wrote 2 and skipped 2 of 4" in resumed.stdout
     assert "repaired" not in resumed.stderr  # nothing was torn
+
+
+@pytest.mark.signals
+def test_a_run_started_with_sigint_ignored_keeps_ignoring_it_and_sigterm_still_stops_it(tmp_path):
+    """The POSIX convention for background jobs (`workbench run spec.yaml &`): SIGINT ignored at
+    start stays ignored, even while a sample's write defers signals; SIGTERM still stops cleanly."""
+    ignored = {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_DFL}
+    spec, store = four_sample_spec(tmp_path)
+    completed = workbench("run", str(spec), "--no-table", env={"WORKBENCH_SIGNAL_AT": "SIGINT:2"}, dispositions=ignored)
+    assert completed.returncode == 0, completed.stderr
+    assert stored_samples(store) == 4
+    (tmp_path / "term").mkdir()
+    spec, store = four_sample_spec(tmp_path / "term")
+    stopped = workbench("run", str(spec), "--no-table", env={"WORKBENCH_SIGNAL_AT": "SIGTERM:2"}, dispositions=ignored)
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == "interrupted: 2 of 4 stored; rerun to resume"
+    assert stored_samples(store) == 2
+
+
+def test_the_signal_tests_pass_when_the_suite_starts_with_sigint_ignored():
+    """`make test` started as a background job, under nohup or from a script inherits SIGINT
+    ignored; the signal tests above set their children's dispositions, so they pass there too."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "signals",
+                             str(Path(__file__))], capture_output=True, text=True, timeout=600, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "3 passed" in result.stdout
 
 
 def test_conventions(tmp_path):

@@ -363,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.quiet, args.verbose)
     if args.command in ("run", "validate"):  # the commands that load models
         _quiet_libraries()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
+    previous = _stop_on_sigterm()
     try:
         return args.func(args)
     except Interrupted as err:  # a run stopped by Ctrl-C / SIGTERM: how much is stored, how to go on
@@ -382,6 +382,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM stops a run as Ctrl-C does (`Terminated`). The POSIX convention holds for both: a
+    process started with a signal ignored keeps ignoring it, as a background job (`cmd &`) ignores
+    SIGINT, and as CPython itself then installs no KeyboardInterrupt handler (signal module docs,
+    "Python installs a small number of signal handlers by default")."""
+    if not _main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _main_thread() -> bool:

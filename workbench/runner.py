@@ -501,12 +501,15 @@ def known_warnings_silenced() -> Any:
 def signals_deferred() -> Any:
     """Hold SIGINT and SIGTERM while a sample is written: one arriving meanwhile takes effect
     right after the write commits, so an interrupt never cuts a write (the store's commit
-    protocol would repair it, but a clean stop needs no repair). Main thread only."""
+    protocol would repair it, but a clean stop needs no repair). Main thread only. A signal
+    that was ignored when the write began is left ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    # a signal the process was started ignoring stays ignored (POSIX: a background job's SIGINT)
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in held}
     try:
         yield
     finally:
