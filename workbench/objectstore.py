@@ -78,7 +78,7 @@ class ObjectStore:
     def name(self) -> str:
         return self.prefix.rsplit("/", 1)[-1]
 
-    def _settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         env = _aws_env()
         endpoint = env.endpoint_url
         settings: dict[str, Any] = {
@@ -97,10 +97,10 @@ class ObjectStore:
     def storage(self) -> Any:
         import icechunk
 
-        return icechunk.s3_storage(**self._settings())
+        return icechunk.s3_storage(**self.settings())
 
     def endpoint(self) -> str:
-        settings = self._settings()
+        settings = self.settings()
         return settings.get("endpoint_url") or f"https://s3.{settings['region'] or 'us-east-1'}.amazonaws.com"
 
     def check_reachable(self) -> None:
@@ -120,11 +120,22 @@ class ObjectStore:
         import icechunk
 
         self.check_reachable()
+        storage = self.storage()
         try:
-            return bool(icechunk.Repository.exists(self.storage()))
-        except Exception as err:
+            if icechunk.Repository.exists(storage):
+                return True
+            answered: Exception | None = None
+        except Exception as err:  # a branch pointer that does not parse, or no access
+            answered = err
+        # a repository whose branch pointer is missing or damaged still holds its config: a store
+        # to repair (workbench.repair), not an empty prefix to create one in
+        try:
+            return icechunk.Repository.fetch_config(storage) is not None or answered is not None
+        except Exception:
+            if answered is None:  # the bucket answered: it is the config that does not parse
+                return True
             from .store import _short
 
-            raise StoreError(f"cannot read the object store {self}: {_short(err)}",
+            raise StoreError(f"cannot read the object store {self}: {_short(answered)}",
                              hint="check the bucket name, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and "
                                   "AWS_ENDPOINT_URL") from None

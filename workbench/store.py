@@ -401,6 +401,9 @@ class StoreWriter:
         self.shared = isinstance(real, ObjectStore)
         self._lock = _NoLock() if self.shared else _WriterLock(real, self.path)
         try:
+            # damaged metadata (branch pointer, config, the branch's snapshot): back to the newest
+            # intact snapshot first, so the run re-captures only what that snapshot lacks
+            self.repairs: list[str] = _repair_metadata(real) if is_store(real) else []
             # a new store is created with its first commit: a run that fails before any result
             # leaves nothing behind but the lock file
             self.repo = self._open_existing(real) if is_store(real) else None
@@ -420,14 +423,13 @@ class StoreWriter:
         self.compaction_skipped: str | None = None
         self.checked = ""  # what the last `damage_since_check` read
         self._checked_state: verified.Ledger | None = None
-        self.repairs: list[str] = self._restore_intact_snapshot()
 
     def _open_existing(self, real: Path) -> Any:
         repo = _open_repo(real)
         try:
             root = _root_of(repo, repo.readonly_session(branch=BRANCH))
         except Exception:
-            return repo  # an unreadable snapshot: _restore_intact_snapshot deals with it
+            return repo  # an unreadable snapshot: `damage` names it
         fmt = root.attrs.get("workbench_format")
         if fmt is None and any(True for _ in root.groups()):
             raise StorePathError(f"{self.path} is an icechunk repository but not a workbench store",
@@ -854,21 +856,6 @@ class StoreWriter:
         self.compaction_skipped = "an object store is not compacted while writers may be active"
         return tag
 
-    def _restore_intact_snapshot(self) -> list[str]:
-        """If the branch's snapshot cannot be read (a damaged or deleted metadata file), move the
-        branch back to the newest intact snapshot; the run then re-captures what it lacks."""
-        problem = None if self.repo is None else _snapshot_problem(self.repo)
-        if problem is None:
-            return []
-        intact = _newest_intact_snapshot(self._real)
-        if intact is None:
-            raise StoreError(f"store {self.path} has no intact snapshot left ({problem})",
-                             hint="write to a new store path")
-        with self._io("restoring the last intact snapshot"):
-            self.repo.reset_branch(BRANCH, intact.id)
-        return [f"the branch's snapshot was unreadable ({problem}); restored snapshot {intact.id} "
-                f"of {intact.written_at:%Y-%m-%d %H:%M:%S} ({intact.message!r})"]
-
     def damage(self) -> list[Damage]:
         """`verify_store` of the committed state (reads every chunk)."""
         return [] if self.repo is None else _verify_repo(self.repo, self._real)
@@ -1268,6 +1255,7 @@ class Damage:
     rows: tuple[int, int] | None
     samples: list[str]
     error: str
+    details: list[str] = field(default_factory=list)  # for damaged metadata: what is left, what to do
 
     def describe(self) -> str:
         if not self.condition:
@@ -1315,26 +1303,10 @@ def _snapshot_problem(repo: Any, session: Any = None) -> str | None:
         return _short(err)
 
 
-def _newest_intact_snapshot(path: Path | ObjectStore) -> Any:
-    """The newest snapshot whose metadata reads back, found by listing the repository's snapshot
-    files (the branch ref or its snapshot may be what is damaged). Local stores only: an object
-    store's files are not listed."""
-    if isinstance(path, ObjectStore):
-        return None
-    ic = _icechunk()
-    try:
-        repo = ic.Repository.open(_storage(path), config=_repo_config())
-    except Exception:
-        return None
-    found = []
-    for file in (path / "snapshots").iterdir():
-        try:
-            info = next(iter(repo.ancestry(snapshot_id=file.name)))
-            if _snapshot_problem(repo, repo.readonly_session(snapshot_id=file.name)) is None:
-                found.append(info)
-        except Exception:
-            continue
-    return max(found, key=lambda info: info.written_at, default=None)
+def _repair_metadata(path: Path | ObjectStore) -> list[str]:
+    from .repair import repair
+
+    return repair(path)
 
 
 def _row_samples(group: zarr.Group) -> tuple[np.ndarray, list[str]]:
@@ -1353,11 +1325,12 @@ def verify_store(path: str | Path | ObjectStore, progress: bool = False) -> list
     path = location(path)
     if not is_store(path):
         raise StorePathError(f"no workbench store at {path}")
-    try:
-        repo = _open_repo(path)
-    except StoreError as err:
-        return [Damage("", "", "repository", None, [], str(err))]
-    return _verify_repo(repo, path, progress)
+    from .repair import diagnose
+
+    diagnosis = diagnose(path)
+    if diagnosis is not None:  # chunks are found through the metadata: they are checked after its repair
+        return [Damage("", "", diagnosis.kind, None, [], diagnosis.problem, diagnosis.report(path))]
+    return _verify_repo(_open_repo(path), path, progress)
 
 
 def _array_extents(repo: Any, snapshot: str) -> dict[str, tuple[str, int, int]]:
@@ -1400,10 +1373,7 @@ def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
     """Read back the branch's snapshot; `only`: just these row chunks of these arrays (`_blocks_since`)."""
     problem = _snapshot_problem(repo)
     if problem is not None:
-        intact = _newest_intact_snapshot(path)
-        where = (f"; the newest intact snapshot is {intact.id} of {intact.written_at:%Y-%m-%d %H:%M:%S} "
-                 "(the next run restores it and re-captures the rest)") if intact else "; no intact snapshot is left"
-        return [Damage("", "", "snapshot", None, [], problem + where)]
+        return [Damage("", "", "snapshot", None, [], problem)]
     root = _root_of(repo, repo.readonly_session(branch=BRANCH))
     damage: list[Damage] = []
     groups = _condition_groups(root)
