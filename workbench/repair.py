@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Protocol
+
+import zarr
 
 from .errors import StoreError, StorePathError
 from .objectstore import ObjectStore, location
@@ -214,8 +215,8 @@ def _results(repo: Any, snapshot_id: str) -> int | None:
         session = repo.readonly_session(snapshot_id=snapshot_id)
         if _snapshot_problem(repo, session) is not None:
             return None
-        root = _root_of(repo, session)
-        return sum(int(group["run_sample"].shape[0]) for _, _, group in _condition_groups(root) if "run_sample" in group)
+        rows = [group.get("run_sample") for _, _, group in _condition_groups(_root_of(repo, session))]
+        return sum(int(array.shape[0]) for array in rows if isinstance(array, zarr.Array))
     except Exception:  # icechunk's own errors for a snapshot or manifest that does not read back
         return None
 
@@ -342,7 +343,7 @@ def repair_store(path: str | Path | ObjectStore) -> list[str]:
     if not is_store(path):
         raise StorePathError(f"no workbench store at {path}")
     real = check_store_path(path)
-    lock = _NoLock() if isinstance(real, ObjectStore) else _WriterLock(real, Path(path))
+    lock = _NoLock() if isinstance(real, ObjectStore) else _WriterLock(real, Path(str(path)))
     try:
         return repair(real)
     finally:
