@@ -173,7 +173,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .store import verify_store
 
     if args.repair:
-        from .repair import repair_store
+        from .store import repair_store
 
         done = repair_store(args.store)
         for line in done:

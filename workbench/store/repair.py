@@ -32,11 +32,11 @@ from typing import Any, Iterator, Protocol
 
 import zarr
 
-from .errors import StoreError, StorePathError
-from .objectstore import ObjectStore, location
-from .store import (
-    BRANCH, _condition_groups, _icechunk, _NoLock, _repo_config, _root_of, _short, _snapshot_problem, _storage,
-    _WriterLock, check_store_path, is_store,
+from ..errors import StoreError, StorePathError
+from .objects import ObjectStore, _short, location
+from .paths import _NoLock, _WriterLock, check_store_path
+from .repository import (
+    BRANCH, _condition_groups, _icechunk, _repo_config, _root_of, _snapshot_problem, _storage, is_store,
 )
 
 # where icechunk 1.1 keeps a repository's branch pointer and config (icechunk/src/refs.rs,
@@ -92,8 +92,9 @@ class Diagnosis:
 
 def _nothing_left(path: Path | ObjectStore, stored: int) -> list[str]:
     delete = f"aws s3 rm --recursive {path}" if isinstance(path, ObjectStore) else f"rm -r {path}"
-    return [f"no intact snapshot is left: none of the {stored} snapshot file(s) under {path}/snapshots reads back, "
-            "so no stored result can be located (chunks/ holds values, but only a snapshot says where they belong)",
+    return [f"no intact snapshot is left: none of the {stored} snapshot file(s) under {path}/snapshots holds "
+            "results and reads back, so no stored result can be located (chunks/ holds values, but only a "
+            "snapshot says where they belong)",
             f"to recover: delete the store (`{delete}`) and rerun its spec into the same path; keep a copy "
             "first only if you want the damaged files examined"]
 
@@ -221,15 +222,21 @@ def _results(repo: Any, snapshot_id: str) -> int | None:
         return None
 
 
-def _intact(repo: Any, stored: list[str]) -> list[IntactSnapshot]:
-    """Every tagged snapshot that reads back, and the newest stored one that does, newest first.
-    The repository's first snapshot (empty, no parent) is not counted: restoring it restores nothing."""
+def _tagged(repo: Any) -> dict[str, list[str]]:
+    """snapshot id -> the tags that name it."""
     tags: dict[str, list[str]] = {}
     for tag in sorted(repo.list_tags()):
         try:
             tags.setdefault(repo.lookup_tag(tag), []).append(tag)
         except Exception:  # a tag whose ref does not parse names nothing
             continue
+    return tags
+
+
+def _intact(repo: Any, stored: list[str]) -> list[IntactSnapshot]:
+    """Every tagged snapshot that reads back, and the newest stored one that does, newest first.
+    The repository's first snapshot (empty, no parent) is not counted: restoring it restores nothing."""
+    tags = _tagged(repo)
     infos = []
     for snapshot_id in sorted(set(stored) | set(tags)):
         try:
@@ -277,7 +284,7 @@ def _branch_problem(repo: Any) -> str | None:
     tip = repo.lookup_branch(BRANCH)
     if problem is not None:
         return f"the branch's snapshot {tip} does not read back ({problem})"
-    if repo.lookup_snapshot(tip).parent_id is None and any(repo.lookup_tag(t) != tip for t in repo.list_tags()):
+    if repo.lookup_snapshot(tip).parent_id is None and set(_tagged(repo)) - {tip}:
         return (f"the branch pointer {POINTER} names the repository's first, empty snapshot, "
                 "while its run tags name later ones")
     return None
