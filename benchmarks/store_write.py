@@ -62,7 +62,7 @@ def measure(tokens: int = 600, layers: int = 29, dim: int = 2048, repeats: int =
 
     import datetime as dt
 
-    from workbench import store as store_module
+    from workbench.store import writer as store_module  # the module that reads COMPACT_GRACE
     from workbench.store import StoreWriter, _chunks
 
     arrays = [bf16_valued((tokens, layers, dim), seed) for seed in range(2)]

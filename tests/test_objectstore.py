@@ -171,7 +171,7 @@ def test_an_interrupted_creation_is_named_with_what_to_do(s3, s3_server, tmp_pat
     client = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
     client.put_object(Bucket=BUCKET, Key=f"{prefix}/snapshots/{snapshot.name}", Body=snapshot.read_bytes())
-    monkeypatch.setattr("workbench.store.CREATE_WAIT_S", 1.0)
+    monkeypatch.setattr("workbench.store.writer.CREATE_WAIT_S", 1.0)
     with StoreWriter(url) as writer, pytest.raises(StorePathError) as err:
         _declare(writer, "after-a-kill")
         writer.write_samples([_drill_result(0, 0)])

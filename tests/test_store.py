@@ -330,7 +330,7 @@ def test_compaction_keeps_the_check_record_usable(tmp_path, workbench_cache, mon
     spec.write_text(spec.read_text().replace("n: 2", "n: 3") + "backend: {commit_interval_s: 0}\n")
     assert main(["run", str(spec), "--no-progress", "--no-table", "--limit", "2"]) == 0
     after_first = verified.file_stats(store)  # with superseded chunk versions, kept for 10 minutes
-    monkeypatch.setattr(workbench.store, "COMPACT_GRACE", dt.timedelta(0))
+    monkeypatch.setattr(workbench.store.writer, "COMPACT_GRACE", dt.timedelta(0))
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0  # records its check, compacts
     ledger, now = verified.load(store), verified.file_stats(store)
     assert set(after_first) - set(now), "compaction deleted nothing"

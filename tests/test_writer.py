@@ -349,13 +349,13 @@ def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunk
 
     import workbench.store as store_module
 
-    monkeypatch.setattr(store_module, "_CHUNK_BYTES", 2048)  # 64 rows of 8 float32s
+    monkeypatch.setattr(store_module.layout, "_CHUNK_BYTES", 2048)  # 64 rows of 8 float32s
     monkeypatch.setitem(store_module._LABEL_CHUNK, "token", 48)
     monkeypatch.setitem(store_module._LABEL_CHUNK, "run", 4)
     if cache == "off":
-        monkeypatch.setattr(store_module, "_TAIL_CACHE_BYTES", 0)
+        monkeypatch.setattr(store_module.writer, "_TAIL_CACHE_BYTES", 0)
     elif cache == "labels only":  # a hidden chunk row is 64 x 64 bytes, a label one at most 48 x 8
-        monkeypatch.setattr(store_module, "_TAIL_ARRAY_BYTES", 400)
+        monkeypatch.setattr(store_module.writer, "_TAIL_ARRAY_BYTES", 400)
     reads: list[str] = []
     get = zarr.storage.StorePath.get
 
@@ -416,8 +416,8 @@ def test_appended_chunks_and_metadata_are_what_zarr_itself_writes(tmp_path, monk
 
     import workbench.store as store_module
 
-    monkeypatch.setattr(store_module, "_CHUNK_BYTES", 2048)  # 32 rows of 2 x 8 float32s
-    monkeypatch.setattr(store_module, "_ENCODED_BATCH_BYTES", 3000)  # a commit's chunks set in several batches
+    monkeypatch.setattr(store_module.layout, "_CHUNK_BYTES", 2048)  # 32 rows of 2 x 8 float32s
+    monkeypatch.setattr(store_module.layout, "_ENCODED_BATCH_BYTES", 3000)  # a commit's chunks set in several batches
     monkeypatch.setitem(store_module._LABEL_CHUNK, "token", 40)
     monkeypatch.setitem(store_module._LABEL_CHUNK, "run", 3)
     rng = np.random.default_rng(11)

@@ -172,6 +172,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from .store import verify_store
 
+    if args.repair:
+        from .store import repair_store
+
+        done = repair_store(args.store)
+        for line in done:
+            print(f"repaired: {line}")
+        if not done:
+            print(f"{args.store}: its config, branch pointer and branch snapshot read back; nothing to repair")
     damage = verify_store(args.store, progress=not args.no_progress)
     if args.json:
         print(json.dumps([d.__dict__ for d in damage], indent=2, default=list))
@@ -181,8 +189,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{args.store}: {len(damage)} damaged piece(s):")
         for d in damage:
             print(f"  {d.describe()}")
-        print("rerun the spec that wrote the store: it drops the damaged conditions and re-captures them "
-              "(or restores the last intact snapshot)")
+            for line in d.details:
+                print(f"  {line}")
+        if any(d.condition for d in damage):
+            print("rerun the spec that wrote the store: it drops the damaged conditions and re-captures them")
     return 1 if damage else 0
 
 
@@ -283,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("store")
     verify.add_argument("--json", action="store_true", help="print as JSON")
     verify.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    verify.add_argument("--repair", action="store_true",
+                        help="first point a branch whose pointer, config or snapshot is damaged at the newest "
+                             "intact snapshot")
     verify.set_defaults(func=cmd_verify)
 
     from analyses import commands  # argparse only: the analyses themselves load on use
