@@ -19,7 +19,8 @@ def _csv(value: str) -> list[str]:
 def _load(args: argparse.Namespace) -> Any:
     from .spec import load_spec
 
-    spec = load_spec(args.spec)
+    limits = {"conditions": getattr(args, "max_conditions", None), "samples": getattr(args, "max_samples", None)}
+    spec = load_spec(args.spec, limits=limits)
     overrides = {
         "models": getattr(args, "models", None),
         "data_source": getattr(args, "data", None),
@@ -35,12 +36,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .runner import compile_all
+    from .spec.sizes import spec_condition_count
 
     spec = _load(args)
     plans = compile_all(spec) if args.models_check else []
     if args.quiet:
         return 0
-    n_conditions = len(spec.expand_conditions())
+    n_conditions = spec_condition_count(spec)  # counted, not expanded
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     for plan in plans:
@@ -227,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run samples k, k+N, k+2N, ... into STORE.shardkofN.zarr (N processes or machines share "
                      "a run; `workbench merge` joins their stores); with an s3:// store, every shard commits to "
                      "that one store and no merge is needed")
+    _limit_options(run)
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
     run.add_argument("--remote", nargs="?", const=True, default=None, type=_remote_target, metavar="URL",
@@ -249,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
     validate.add_argument("--models-check", action="store_true",
                           help="also compile the plan against each model's config (loads configs, not weights)")
+    _limit_options(validate)
     validate.set_defaults(func=cmd_validate)
 
     info = sub.add_parser("info", parents=[common], help="what a store holds", description="Models, conditions, samples, "
@@ -295,6 +299,24 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_report_arguments(report)
     report.set_defaults(func=cmd_report)
     return parser
+
+
+def _count(value: str) -> int:
+    if value.replace("_", "").isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"got {value!r}; expected an integer >= 1")
+
+
+def _limit_options(parser: argparse.ArgumentParser) -> None:
+    """Sizes past these are refused before anything expands (workbench/spec/sizes.py)."""
+    from .spec.sizes import DEFAULT_MAX_CONDITIONS, DEFAULT_MAX_SAMPLES
+
+    parser.add_argument("--max-conditions", type=_count, metavar="N",
+                        help=f"allow up to N conditions after sweeps expand (the spec's limits.conditions, "
+                        f"default {DEFAULT_MAX_CONDITIONS:,})")
+    parser.add_argument("--max-samples", type=_count, metavar="N",
+                        help=f"allow up to N samples from the data source (the spec's limits.samples, "
+                        f"default {DEFAULT_MAX_SAMPLES:,})")
 
 
 def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:

@@ -267,11 +267,12 @@ def _sweep_values(value: Any) -> list[float] | list[str]:
 
 
 def _distinct_values(values: list[float]) -> list[float]:
-    problems = [
-        ((i,), f"duplicate sweep value {v!r}; expected distinct values")
-        for i, v in enumerate(values)
-        if v in values[:i]
-    ]
+    seen: set[float] = set()  # a set, not a scan of the earlier values: a long sweep stays linear
+    problems = []
+    for i, v in enumerate(values):
+        if v in seen:
+            problems.append(((i,), f"duplicate sweep value {v!r}; expected distinct values"))
+        seen.add(v)
     if problems:
         _fail_many(problems)
     return values
