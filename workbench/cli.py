@@ -166,8 +166,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_model, print_results
+    from .models.refs import resolve_model
 
     _quiet_libraries()
+    resolve_model(args.model, "command line: MODEL")  # as `run --models` resolves it, with the same messages
     return 0 if print_results(args.model, check_model(args.model, device=args.device, dtype=args.dtype)) else 1
 
 
@@ -276,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "directory or a hub id) and compare what the workbench reads with independent computations: "
                            "the residual stream against plain PyTorch pre-hooks, the vision-token count against the "
                            "config's image token, and alpha = 1 against the baseline. Exit 1 if any check fails.")
-    check.add_argument("model")
+    check.add_argument("model", metavar="MODEL")
     check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     check.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     check.set_defaults(func=cmd_check)

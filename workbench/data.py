@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw
 from .definitions import check_eval_mode
 from .errors import DataError
 from .spec import DATBENCH_CONFIGS
+from .spec.problems import undecodable_at
 
 __all__ = [
     "Sample",
@@ -278,10 +279,9 @@ def decoded_text(raw: bytes, path: Path, expected: str, line: int | None = None)
     try:
         return raw.decode("utf-8-sig" if line in (None, 1) else "utf-8")
     except UnicodeDecodeError as exc:
-        where = (line or 1) + raw.count(b"\n", 0, exc.start)
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SampleFileError(f"{path}:{where}: cannot be decoded as UTF-8 (byte 0x{raw[exc.start]:02x} at column "
-                              f"{column}: {exc.reason}); expected {expected}") from None
+        at, _, what = undecodable_at(raw, exc)
+        raise SampleFileError(f"{path}:{(line or 1) + at - 1}: cannot be decoded as UTF-8 ({what}); "
+                              f"expected {expected}") from None
 
 
 def _jsonl_record(path: Path, number: int, line: str) -> Sample:

@@ -129,18 +129,13 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan],
 
 def compile_all(spec: Any) -> list[ModelPlan]:
     """Every model's plan; a model that cannot be read is reported at its place in the spec."""
-    from .errors import ModelError
-    from .models.model import model_info
+    from .models.refs import resolve_model
 
     plans = []
     for i, model_id in enumerate(spec.models):
-        try:
-            info = model_info(model_id)
-        except ModelError as err:
-            where = (f"command line: --models[{i}]" if "models" in spec.overrides
-                     else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
-            raise ModelError(f"{where}: {err}", hint=err.hint) from err
-        plans.append(compile_plan(spec, info))
+        where = (f"command line: --models[{i}]" if "models" in spec.overrides
+                 else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
+        plans.append(compile_plan(spec, resolve_model(model_id, where)))
     return plans
 
 

@@ -9,7 +9,7 @@ from typing import Mapping
 
 from pydantic import ValidationError
 
-from .problems import Problem, SpecError, _got
+from .problems import Problem, SpecError, _got, undecodable_at
 from .schema import Spec
 from .sizes import text_size_problems
 from .translate import _allowed_fields, _translate
@@ -50,7 +50,13 @@ def load_spec(path: str | Path, limits: Mapping[str, int | None] | None = None) 
     """Read and validate a spec file (YAML, safe-loaded); ``limits`` as for :func:`parse_spec`."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
         raise SpecError([Problem((), None, f"cannot read the file ({exc}); expected a readable UTF-8 YAML file")], source) from exc
+    try:
+        text = raw.decode("utf-8-sig")  # a leading BOM is dropped, as editors on Windows write one
+    except UnicodeDecodeError as exc:
+        line, _, what = undecodable_at(raw, exc)
+        raise SpecError([Problem((), line, f"cannot be decoded as UTF-8 ({what}); expected a UTF-8 YAML file")],
+                        source) from None
     return parse_spec(text, source=source, limits=limits)
