@@ -194,7 +194,7 @@ BAD_SPECS = {
         mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "smolvlm]"),
         "models[1]",
         3,
-        f"unknown model 'smolvlm'; expected one of {', '.join(TINY_MODEL_NAMES)}, "
+        f"unknown model 'smolvlm' (did you mean 'tiny-smolvlm'?); expected one of {', '.join(TINY_MODEL_NAMES)}, "
         "a Hugging Face repo id 'org/name', or a local checkpoint directory",
     ),
     "duplicate model": (
