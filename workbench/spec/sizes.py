@@ -210,7 +210,7 @@ def _declared_from_text(text: str, cap: int) -> tuple[DeclaredSizes, dict[SpecPa
     """The sizes a YAML text declares and the lines of the fields that declare them, from its
     parser events (no document is built; a list past `cap` items is not read further); None
     when the text is not YAML (the full reader reports that)."""
-    sizes, lines = DeclaredSizes(), {}
+    sizes, lines = DeclaredSizes(), dict[SpecPath, int]()
     anchored: dict[str, int] = {}  # anchor -> items of the list it names: an aliased sweep counts the same
     stack: list[_Frame] = []
     exclude: list[str] = []
@@ -278,7 +278,9 @@ def _node_path(stack: list[_Frame], event: yaml.NodeEvent, lines: dict[SpecPath,
     return path
 
 
-def _record_sweep(sizes: DeclaredSizes, path: SpecPath, count: SweepCount) -> None:
+def _record_sweep(sizes: DeclaredSizes, path: SpecPath | None, count: SweepCount) -> None:
+    if path is None:  # (only sweep paths are passed: `_is_sweep` said so)
+        return
     sizes.sweeps.setdefault(str(path[1]), {})[str(path[3])] = count
 
 
