@@ -194,7 +194,7 @@ BAD_SPECS = {
         mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "smolvlm]"),
         "models[1]",
         3,
-        f"unknown model 'smolvlm'; expected one of {', '.join(TINY_MODEL_NAMES)}, "
+        f"unknown model 'smolvlm' (did you mean 'tiny-smolvlm'?); expected one of {', '.join(TINY_MODEL_NAMES)}, "
         "a Hugging Face repo id 'org/name', or a local checkpoint directory",
     ),
     "duplicate model": (
@@ -367,7 +367,7 @@ def test_every_problem_is_listed():
         "  bad.yaml:6: data.n: got -1 (int); expected an integer >= 1",
         "  bad.yaml:28: capture[1].site: got 'nope' (str); expected one of " + ", ".join(f"'{s}'" for s in KNOWN_SITES),
         "  bad.yaml:32: junk: unknown field 'junk'; expected one of: name, description, models, data, conditions, "
-        "capture, generate, store, backend, analysis",
+        "capture, generate, store, backend, analysis, limits",
     ]
 
 

@@ -19,7 +19,8 @@ def _csv(value: str) -> list[str]:
 def _load(args: argparse.Namespace) -> Any:
     from .spec import load_spec
 
-    spec = load_spec(args.spec)
+    limits = {"conditions": getattr(args, "max_conditions", None), "samples": getattr(args, "max_samples", None)}
+    spec = load_spec(args.spec, limits=limits)
     overrides = {
         "models": getattr(args, "models", None),
         "data_source": getattr(args, "data", None),
@@ -35,12 +36,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .runner import compile_all
+    from .spec.sizes import spec_condition_count
 
     spec = _load(args)
     plans = compile_all(spec) if args.models_check else []
     if args.quiet:
         return 0
-    n_conditions = len(spec.expand_conditions())
+    n_conditions = spec_condition_count(spec)  # counted, not expanded
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     for plan in plans:
@@ -164,8 +166,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_model, print_results
+    from .models.refs import resolve_model
 
     _quiet_libraries()
+    resolve_model(args.model, "command line: MODEL")  # as `run --models` resolves it, with the same messages
     return 0 if print_results(args.model, check_model(args.model, device=args.device, dtype=args.dtype)) else 1
 
 
@@ -237,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run samples k, k+N, k+2N, ... into STORE.shardkofN.zarr (N processes or machines share "
                      "a run; `workbench merge` joins their stores); with an s3:// store, every shard commits to "
                      "that one store and no merge is needed")
+    _limit_options(run)
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
     run.add_argument("--remote", nargs="?", const=True, default=None, type=_remote_target, metavar="URL",
@@ -259,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
     validate.add_argument("--models-check", action="store_true",
                           help="also compile the plan against each model's config (loads configs, not weights)")
+    _limit_options(validate)
     validate.set_defaults(func=cmd_validate)
 
     info = sub.add_parser("info", parents=[common], help="what a store holds", description="Models, conditions, samples, "
@@ -282,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "directory or a hub id) and compare what the workbench reads with independent computations: "
                            "the residual stream against plain PyTorch pre-hooks, the vision-token count against the "
                            "config's image token, and alpha = 1 against the baseline. Exit 1 if any check fails.")
-    check.add_argument("model")
+    check.add_argument("model", metavar="MODEL")
     check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     check.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     check.set_defaults(func=cmd_check)
@@ -308,6 +314,24 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_report_arguments(report)
     report.set_defaults(func=cmd_report)
     return parser
+
+
+def _count(value: str) -> int:
+    if value.replace("_", "").isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"got {value!r}; expected an integer >= 1")
+
+
+def _limit_options(parser: argparse.ArgumentParser) -> None:
+    """Sizes past these are refused before anything expands (workbench/spec/sizes.py)."""
+    from .spec.sizes import DEFAULT_MAX_CONDITIONS, DEFAULT_MAX_SAMPLES
+
+    parser.add_argument("--max-conditions", type=_count, metavar="N",
+                        help=f"allow up to N conditions after sweeps expand (the spec's limits.conditions, "
+                        f"default {DEFAULT_MAX_CONDITIONS:,})")
+    parser.add_argument("--max-samples", type=_count, metavar="N",
+                        help=f"allow up to N samples from the data source (the spec's limits.samples, "
+                        f"default {DEFAULT_MAX_SAMPLES:,})")
 
 
 def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:

@@ -12,13 +12,14 @@ import random
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 from PIL import Image, ImageDraw
 
 from .definitions import check_eval_mode
 from .errors import DataError
 from .spec import DATBENCH_CONFIGS
+from .spec.problems import undecodable_at
 
 __all__ = [
     "Sample",
@@ -27,6 +28,7 @@ __all__ = [
     "jsonl_samples",
     "folder_samples",
     "load_samples",
+    "iter_samples",
     "DatBenchError",
     "SampleFileError",
     "CATEGORIES",
@@ -204,9 +206,14 @@ def _builtin_sample(index: int, seed: int) -> Sample:
 
 def builtin_samples(n: int, seed: int = 0) -> list[Sample]:
     """The first ``n`` built-in samples for ``seed`` (a prefix of any longer request)."""
+    return list(iter_builtin_samples(n, seed))
+
+
+def iter_builtin_samples(n: int, seed: int = 0) -> Iterator[Sample]:
+    """`builtin_samples`, each drawn when it is asked for."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    return [_builtin_sample(i, seed) for i in range(n)]
+    return (_builtin_sample(i, seed) for i in range(n))
 
 
 # --------------------------------------------------------------------------- files
@@ -239,24 +246,42 @@ def jsonl_samples(path: str | Path, n: int) -> list[Sample]:
     """First ``n`` records of a JSONL file: {"id", "image" (relative to the file) or null,
     "question", "category"?, "answer"?, "eval_mode"?} (eval_mode: one of
     workbench.definitions.EVAL_MODES)."""
+    return list(iter_jsonl_samples(path, n))
+
+
+def iter_jsonl_samples(path: str | Path, n: int) -> Iterator[Sample]:
+    """`jsonl_samples`, each record read when it is asked for. Each line is decoded on its own,
+    so a byte that is not UTF-8 is reported with its line (a leading BOM is allowed)."""
     path = Path(path)
-    samples: list[Sample] = []
-    seen: set[str] = set()
     if not path.is_file():
         what = "a folder" if path.is_dir() else "missing"
         raise SampleFileError(f"data.path: {str(path)!r} is {what}; expected a JSONL file (one JSON object per line)")
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if len(samples) >= n:
+    seen: set[str] = set()
+    count = 0
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if count >= n:
                 break
+            line = decoded_text(raw, path, "a UTF-8 JSONL file (one JSON object per line)", number)
             if not line.strip():
                 continue
             sample = _jsonl_record(path, number, line)
             if sample.id in seen:
                 raise SampleFileError(f"{path}:{number}: duplicate sample id {sample.id!r}; expected unique ids")
             seen.add(sample.id)
-            samples.append(sample)
-    return samples
+            count += 1
+            yield sample
+
+
+def decoded_text(raw: bytes, path: Path, expected: str, line: int | None = None) -> str:
+    """`raw` (the whole file, or its line `line`) as UTF-8 text (a leading BOM dropped), or a
+    SampleFileError naming the file, the line and column of the first byte that is not UTF-8."""
+    try:
+        return raw.decode("utf-8-sig" if line in (None, 1) else "utf-8")
+    except UnicodeDecodeError as exc:
+        at, _, what = undecodable_at(raw, exc)
+        raise SampleFileError(f"{path}:{(line or 1) + at - 1}: cannot be decoded as UTF-8 ({what}); "
+                              f"expected {expected}") from None
 
 
 def _jsonl_record(path: Path, number: int, line: str) -> Sample:
@@ -292,17 +317,29 @@ def _jsonl_record(path: Path, number: int, line: str) -> Sample:
 def folder_samples(path: str | Path, n: int) -> list[Sample]:
     """First ``n`` images of a folder, by name; a ``<stem>.txt`` beside an image holds its
     question (default: "Describe the image.")."""
+    return list(iter_folder_samples(path, n))
+
+
+def iter_folder_samples(path: str | Path, n: int) -> Iterator[Sample]:
+    """`folder_samples`, each image read when it is asked for (the names are listed first)."""
     folder = Path(path)
     if not folder.is_dir():
         raise SampleFileError(f"data.path: {str(folder)!r} is {'a file' if folder.exists() else 'missing'}; "
                               "expected a folder of images")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    samples = []
     for file in files[:n]:
         sidecar = file.with_suffix(".txt")
-        question = sidecar.read_text(encoding="utf-8").strip() if sidecar.is_file() else FOLDER_QUESTION
-        samples.append(Sample(f"folder/{file.name}", _open_rgb(file, str(file)), question or FOLDER_QUESTION, "folder"))
-    return samples
+        question = _sidecar_question(sidecar) if sidecar.is_file() else FOLDER_QUESTION
+        yield Sample(f"folder/{file.name}", _open_rgb(file, str(file)), question or FOLDER_QUESTION, "folder")
+
+
+def _sidecar_question(sidecar: Path) -> str:
+    try:
+        raw = sidecar.read_bytes()
+    except OSError as exc:
+        raise SampleFileError(f"{sidecar}: cannot be read ({exc.strerror or exc}); expected a readable text file "
+                              "holding the question for the image beside it") from None
+    return decoded_text(raw, sidecar, "a UTF-8 text file holding the question for the image beside it").strip()
 
 
 # --------------------------------------------------------------------------- DatBench
@@ -363,13 +400,15 @@ def datbench_samples(
     unknown = sorted(excluded - set(DATBENCH_CONFIGS))
     if unknown:
         raise ValueError(f"unknown DatBench config(s) {unknown} in exclude; expected some of {list(DATBENCH_CONFIGS)}")
-    samples: list[Sample] = []
+    return list(_iter_datbench(n_per_config, seed, excluded, path, order))
+
+
+def _iter_datbench(n_per_config: int, seed: int, excluded: set[str], path: str | Path | None,
+                   order: str) -> Iterator[Sample]:
     for config in DATBENCH_CONFIGS:
-        if config in excluded:
-            continue
-        ds = _load_datbench_config(config, path)
-        samples.extend(_datbench_config_samples(ds, config, n_per_config, seed, path, order))
-    return samples
+        if config not in excluded:
+            yield from _datbench_config_samples(_load_datbench_config(config, path), config, n_per_config, seed,
+                                                path, order)
 
 
 def _datbench_fail(config: str, path: str | Path | None, reason: str) -> NoReturn:
@@ -435,7 +474,7 @@ def _load_datbench_config(config: str, path: str | Path | None) -> Any:
 
 
 def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str | Path | None,
-                             order: str = "shuffled") -> list[Sample]:
+                             order: str = "shuffled") -> Iterator[Sample]:
     import numpy as np
 
     if order == "first":  # the study's choice: the first n rows of each config
@@ -443,7 +482,6 @@ def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str 
     else:
         rng = np.random.default_rng([seed, zlib.crc32(config.encode("utf-8"))])
         chosen = [int(i) for i in rng.permutation(len(ds))[:n]]
-    samples: list[Sample] = []
     seen: set[str] = set()
     for position, row in zip(chosen, ds.select(chosen)):
         row_id = row["id"]
@@ -460,18 +498,15 @@ def _datbench_config_samples(ds: Any, config: str, n: int, seed: int, path: str 
             eval_mode = check_eval_mode(row.get("eval_mode"), f"row {position} ({row_id!r}) eval_mode")
         except ValueError as exc:
             _datbench_fail(config, path, str(exc))
-        samples.append(
-            Sample(
-                id=sample_id,
-                image=None if image is None else image.convert("RGB"),
-                question=(fmt.get("prefix") or "") + row["question"] + (fmt.get("suffix") or ""),
-                category=config,
-                answer=None if answer is None else str(answer),
-                eval_mode=eval_mode,
-                all_answers=tuple(str(a) for a in (row.get("all_answers") or ()) if a is not None),
-            )
+        yield Sample(
+            id=sample_id,
+            image=None if image is None else image.convert("RGB"),
+            question=(fmt.get("prefix") or "") + row["question"] + (fmt.get("suffix") or ""),
+            category=config,
+            answer=None if answer is None else str(answer),
+            eval_mode=eval_mode,
+            all_answers=tuple(str(a) for a in (row.get("all_answers") or ()) if a is not None),
         )
-    return samples
 
 
 def load_samples(data_spec: Any) -> list[Sample]:
@@ -481,13 +516,21 @@ def load_samples(data_spec: Any) -> list[Sample]:
     For ``datbench``, ``n`` is per config and ``path`` (optional) is a local copy; see
     :func:`datbench_samples`.
     """
+    return list(iter_samples(data_spec))
+
+
+def iter_samples(data_spec: Any) -> Iterator[Sample]:
+    """`load_samples`, one sample at a time: each is read or drawn when it is asked for, so a
+    large source is never held at once (the runner reads it this way)."""
     source = data_spec.source
     if source == "builtin":
-        return builtin_samples(data_spec.n, data_spec.seed)
+        return iter_builtin_samples(data_spec.n, data_spec.seed)
     if source == "jsonl":
-        return jsonl_samples(data_spec.path, data_spec.n)
+        return iter_jsonl_samples(data_spec.path, data_spec.n)
     if source == "folder":
-        return folder_samples(data_spec.path, data_spec.n)
+        return iter_folder_samples(data_spec.path, data_spec.n)
     if source == "datbench":
-        return datbench_samples(data_spec.n, data_spec.seed, data_spec.exclude, data_spec.path, data_spec.order)
+        if isinstance(data_spec.n, bool) or not isinstance(data_spec.n, int) or data_spec.n < 0:
+            raise ValueError(f"n_per_config must be an int >= 0, got {data_spec.n!r}")
+        return _iter_datbench(data_spec.n, data_spec.seed, set(data_spec.exclude), data_spec.path, data_spec.order)
     raise ValueError(f"unknown data source {source!r}; expected builtin, datbench, jsonl or folder")

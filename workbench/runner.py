@@ -21,7 +21,7 @@ import threading
 import warnings
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -129,22 +129,17 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan],
 
 def compile_all(spec: Any) -> list[ModelPlan]:
     """Every model's plan; a model that cannot be read is reported at its place in the spec."""
-    from .errors import ModelError
-    from .models.model import model_info
+    from .models.refs import resolve_model
 
     plans = []
     for i, model_id in enumerate(spec.models):
-        try:
-            info = model_info(model_id)
-        except ModelError as err:
-            where = (f"command line: --models[{i}]" if "models" in spec.overrides
-                     else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
-            raise ModelError(f"{where}: {err}", hint=err.hint) from err
-        plans.append(compile_plan(spec, info))
+        where = (f"command line: --models[{i}]" if "models" in spec.overrides
+                 else spec.problem(("models", i), "").format(spec.source).rstrip(": "))
+        plans.append(compile_plan(spec, resolve_model(model_id, where)))
     return plans
 
 
-def preflight_positions(spec: Any, plans: list[ModelPlan], samples: list[Any]) -> None:
+def preflight_positions(spec: Any, plans: list[ModelPlan], samples: Iterable[Any]) -> None:
     """Explicit token positions are checked against every sample's sequence before anything
     runs (this encodes the prompts with each model's processor; no weights are loaded)."""
     from .models.model import InputEncoder
@@ -271,7 +266,7 @@ def run_spec(
     runs, through a queue of at most `backend.write_queue_mb` MB (0: each result is written
     before the next forward), what arrives within `backend.commit_interval_s` seconds as one
     commit."""
-    from .data import input_hash, load_samples
+    from .worklist import SampleStream, count_done, pending_runs, survey
 
     log = log or _LOG.info
     backend = spec.backend
@@ -287,9 +282,8 @@ def run_spec(
 
         pick_device(device)  # a missing GPU is refused before anything is loaded or written
     plans = compile_all(spec)
-    samples = load_samples(spec.data)
-    if shard is not None:  # a disjoint share of the samples; `workbench merge` joins the shards
-        samples = samples[shard[0]::shard[1]]
+    samples = SampleStream(spec.data, shard)  # read afresh on each pass, never all held (workbench/worklist.py)
+    hashes = survey(samples)  # every sample read once: a file that cannot be decoded is refused before any write
     preflight_positions(spec, plans, samples)
     _log_unbatched(getattr(backend, "batch_size", 1), plans, log)
     remote_models: dict[str, ClientModel] = {}
@@ -301,30 +295,26 @@ def run_spec(
     # a new store is created only once the first remote result is in: a run that fails at its
     # first job (a refused request, an error in the trace) leaves nothing on disk
     first = None
-    if remote_models and samples and not Path(spec.store.path).exists():
-        plan, sample = plans[0], samples[0]
+    if remote_models and hashes and not Path(spec.store.path).exists():
+        plan, sample = plans[0], next(iter(samples))
         first = ((plan.info.model_id, sample.id), _execute_remote_sample(
             remote_models[plan.info.model_id], LazyInputs(remote_models[plan.info.model_id], sample),
             list(plan.conditions), plan, remote_config, tqdm(disable=True), log))
         first = (first[0], list(first[1]))
     summary = RunSummary(store=str(spec.store.path))
     with StoreWriter(spec.store.path) as store:
-        summary.repairs = store.repairs + store.repair({s.id for s in samples})
+        summary.repairs = store.repairs + store.repair(set(hashes))
         _LOG.debug(f"store check: read {store.checked}")
         for repair in summary.repairs:
             log(f"repaired: {repair}")
-        hashes = {s.id: input_hash(s) for s in samples}
         done = check_resume(store, spec, plans, hashes)
-        todo = [
-            (p, s, c) for p in plans for s in samples for c in p.conditions
-            if s.id not in done[(p.info.model_id, c.name)]
-        ]
-        summary.total = sum(len(samples) * len(p.conditions) for p in plans)
-        summary.skipped = summary.total - len(todo)
+        summary.total = sum(len(hashes) * len(p.conditions) for p in plans)
+        summary.skipped = count_done(plans, hashes, done)
+        todo = pending_runs(plans, samples, done)  # generated as the loop takes them
         if summary.skipped:
             log(f"resuming: {summary.skipped} of {summary.total} (model, sample, condition) results "
                 f"are already in {spec.store.path}; skipping them")
-        if not todo:
+        if summary.skipped == summary.total:
             return summary
         record = provenance(spec, command)
         if shard is not None:
@@ -333,7 +323,7 @@ def run_spec(
             record["backend"] = remote_config.describe()  # where it ran; never the API key
         store.add_provenance(record)
         # stderr, and only on a terminal (disable=None): logs of a batch job get no bar
-        bar = tqdm(total=len(todo), disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=summary.total - summary.skipped, disable=None if progress else True, unit="run", dynamic_ncols=True, file=sys.stderr)
         run = _Run(spec, store, summary, hashes, bar, log, device, dtype, remote_config, remote_models, first)
         try:
             with known_warnings_silenced(), result_writer(store, spec, summary, bar, remote_config, log) as writer:
@@ -364,7 +354,7 @@ class _Run:
         # (a pydantic dump and the capture plan's repr per result were a sixth of a tiny result's labels)
         self.condition_attrs: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def todo(self, todo: list, writer: Any) -> None:
+    def todo(self, todo: Iterable[tuple], writer: Any) -> None:
         model, model_id = None, None
         for _, window in itertools.groupby(todo, key=self._window_key()):
             window = list(window)

@@ -11,6 +11,7 @@ on and what was expected, so a researcher can fix a spec without reading a trace
 The package, one concern a module (the flow of :func:`parse_spec`):
 
 - ``yaml_lines``: YAML with line numbers (safe composer, plain data, each path's line);
+- ``sizes``: the conditions and samples a spec asks for, counted before anything expands, and their limits;
 - ``fields``: the vocabulary (sites, models, data sources, ...) and one validator per kind of field;
 - ``schema``: the pydantic models, the checks across fields and the expansion of sweeps;
 - ``translate``: pydantic errors into located problems with "did you mean";
@@ -52,6 +53,7 @@ from .fields import (  # noqa: F401  (re-exported)
 )
 from .loading import load_spec, parse_spec
 from .problems import Problem, SpecError, SpecPath  # noqa: F401
+from .sizes import Limits  # noqa: F401
 from .schema import (  # noqa: F401
     INTERVENTION_KINDS,
     INTERVENTION_SPECS,
@@ -94,6 +96,7 @@ __all__ = [
     "StoreSpec",
     "BackendSpec",
     "AnalysisSpec",
+    "Limits",
     "load_spec",
     "parse_spec",
 ]

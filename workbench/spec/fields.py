@@ -6,7 +6,6 @@ noise; the annotated types the schema's models are declared with."""
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Annotated, Any, Literal, NoReturn, Sequence, Union
 
@@ -14,7 +13,8 @@ from pydantic import AfterValidator, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from .. import sites
-from ..models.architectures import ARCHITECTURES, tiny_architectures
+from ..models.architectures import ARCHITECTURES
+from ..models.refs import TINY_MODEL_NAMES, model_ref_problem  # one tiny model per registered family
 from ..names import reserved_name_problem
 from ..sites import SITE_NAMES, part_sites
 from .problems import SpecPath, _did_you_mean, _got, _quoted
@@ -25,8 +25,6 @@ from .problems import SpecPath, _did_you_mean, _got, _quoted
 # for the families that declare it (the plan refuses it on the others).
 PART_SITES = part_sites(ARCHITECTURES)
 KNOWN_SITES: tuple[str, ...] = SITE_NAMES + PART_SITES
-# one tiny offline model per registered family (workbench/models/architectures/)
-TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
 DATBENCH_CONFIGS = (
     "chart",
     "counting",
@@ -56,7 +54,6 @@ KV_PART_SETS = ("keys", "values", "keys+values")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
-_HF_REPO_RE = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 # --------------------------------------------------------------------------- field validators
@@ -214,22 +211,12 @@ def _kv_parts(value: Any) -> list[str] | str:
     return [p for p in KV_PARTS if p in value]  # canonical order: keys before values
 
 
-_MODEL_EXPECTED = (
-    f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
-    "or a local checkpoint directory"
-)
-
-
 def _model_ref(value: Any) -> str:
-    if not isinstance(value, str):
-        _fail(f"{_got(value)}; expected {_MODEL_EXPECTED}")
-    if value in TINY_MODEL_NAMES or _HF_REPO_RE.fullmatch(value) or _is_local_dir(value):
-        return value
-    _fail(f"unknown model '{value}'; expected {_MODEL_EXPECTED}")
-
-
-def _is_local_dir(value: str) -> bool:
-    return os.path.isdir(os.path.expanduser(value))  # isdir swallows odd paths (NUL bytes)
+    # the same resolution as `workbench check` and `--models` (workbench/models/refs.py)
+    problem = model_ref_problem(value)
+    if problem is not None:
+        _fail(problem)
+    return value
 
 
 def _unique_models(models: list[str]) -> list[str]:
@@ -267,11 +254,12 @@ def _sweep_values(value: Any) -> list[float] | list[str]:
 
 
 def _distinct_values(values: list[float]) -> list[float]:
-    problems = [
-        ((i,), f"duplicate sweep value {v!r}; expected distinct values")
-        for i, v in enumerate(values)
-        if v in values[:i]
-    ]
+    seen: set[float] = set()  # a set, not a scan of the earlier values: a long sweep stays linear
+    problems = []
+    for i, v in enumerate(values):
+        if v in seen:
+            problems.append(((i,), f"duplicate sweep value {v!r}; expected distinct values"))
+        seen.add(v)
     if problems:
         _fail_many(problems)
     return values

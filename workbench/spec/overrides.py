@@ -41,7 +41,9 @@ _CLI_OPTIONS: tuple[tuple[SpecPath, str], ...] = (
 )
 
 
-def _as_cli_problem(problem: Problem) -> Problem:
+def _as_cli_problem(problem: Problem, applied: dict[str, Any] | None = None) -> Problem:
+    if problem.path[:2] == ("data", "n") and "limit" not in (applied or {}):  # --data made the count (datbench: per config)
+        return Problem(("--data",), None, problem.message)
     for prefix, option in _CLI_OPTIONS:
         if problem.path[: len(prefix)] == prefix:
             rest = problem.path[len(prefix) :] if option == "--models" else ()  # keep the list index
@@ -88,7 +90,7 @@ def apply_overrides(
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        found = [_as_cli_problem(p) for p in _translate(exc, data, {})]
+        found = [_as_cli_problem(p, applied) for p in _translate(exc, data, {})]
         raise SpecError(found, "command line") from None
     spec._carry_provenance(base, {**base._overrides, **applied})
     return spec

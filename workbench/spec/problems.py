@@ -87,3 +87,13 @@ def _did_you_mean(value: Any, choices: Iterable[str]) -> str:
 
 def _quoted(choices: Iterable[str]) -> str:
     return ", ".join(f"'{c}'" for c in choices)
+
+
+def undecodable_at(raw: bytes, exc: UnicodeDecodeError) -> tuple[int, int, str]:
+    """(line, column, what) of the first byte of `raw` that `exc` found not to be UTF-8, for a
+    message that names where a file stops being text (a UTF-16 byte-order mark is named as such)."""
+    line = raw.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return line, column, "it starts with a UTF-16 byte-order mark"
+    return line, column, f"byte 0x{raw[exc.start]:02x} at column {column}: {exc.reason}"

@@ -57,6 +57,7 @@ from .fields import (
     _unique_models,
 )
 from .problems import Problem, SpecPath, _did_you_mean, _dotted, _got, _quoted
+from .sizes import Limits, check_data_sizes
 from .yaml_lines import _line_of
 
 
@@ -386,6 +387,7 @@ class Spec(_Model):
     store: StoreSpec
     backend: BackendSpec = Field(default_factory=BackendSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    limits: Limits = Field(default_factory=Limits)  # spec/sizes.py: sizes are counted before expanding
 
     # Provenance, outside the validated fields.
     _source: str = PrivateAttr("<spec>")
@@ -393,6 +395,12 @@ class Spec(_Model):
     _spec_hash: str | None = PrivateAttr(None)
     _overrides: dict[str, Any] = PrivateAttr(default_factory=dict)
     _lines: dict[SpecPath, int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sized_first(cls, data: Any) -> Any:
+        check_data_sizes(data)  # too many conditions or samples: refused before anything expands
+        return data
 
     @model_validator(mode="after")
     def _cross_references(self) -> "Spec":
@@ -547,15 +555,16 @@ def _name_clash_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPat
     problems = []
     owner_of: dict[str, str] = {}
     for base, cond in conditions.items():
-        for instance in _expand(base, cond):
-            if instance.name in owner_of:
+        names = (_instance_name(dict(zip(cond.sweep, values))) for values in itertools.product(*cond.sweep.values()))
+        for name in names if cond.sweep else [base]:  # names only: nothing else of a run is built here
+            if name in owner_of:
                 problems.append(
                     (
                         ("conditions", base, "sweep"),
-                        f"expands to '{instance.name}', which condition '{owner_of[instance.name]}' "
+                        f"expands to '{name}', which condition '{owner_of[name]}' "
                         "also produces; expected unique run names (rename the sweep variable)",
                     )
                 )
                 break
-            owner_of[instance.name] = base
+            owner_of[name] = base
     return problems

@@ -159,6 +159,12 @@ def _read_yaml(text: str) -> tuple[Any, dict[SpecPath, int], list[Problem]]:
         line = mark.line + 1 if mark is not None else None
         what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
         return None, {}, [Problem((), line, f"invalid YAML: {what}; expected valid YAML syntax")]
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other control characters)
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        return None, {}, [Problem((), line, f"unacceptable character {what} at column {column} (a control "
+                                            "character); expected printable text")]
     except yaml.YAMLError as exc:
         return None, {}, [Problem((), None, f"invalid YAML: {exc}; expected valid YAML syntax")]
     if root is None:

@@ -1,0 +1,74 @@
+"""One resolution path for every model argument (a spec's `models`, `--models`, `workbench check
+MODEL`): a tiny model's name, a local checkpoint directory, or a Hugging Face repo id 'org/name'.
+
+:func:`model_ref_problem` is the syntactic half, torch-free (the spec validates with it): what is
+wrong with an argument that can be none of the three, with "did you mean" for a misspelt tiny name.
+:func:`resolve_model` adds the config half (`model.model_info`: a directory without a model, a hub
+id that is not cached or cannot be reached) and puts the argument's place in front of every
+message, so `run`, `validate --models-check` and `check` say the same thing about the same argument.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from .architectures import tiny_architectures
+
+if TYPE_CHECKING:
+    from .model import ModelInfo
+
+TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
+MODEL_EXPECTED = (f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
+                  "or a local checkpoint directory")
+_HF_REPO_RE = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"got {text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
+
+
+def _is_dir(value: str) -> bool:
+    return os.path.isdir(os.path.expanduser(value))  # isdir swallows odd paths (NUL bytes)
+
+
+def _looks_like_path(value: str) -> bool:
+    """Written as a path: it cannot be a hub id (those are exactly 'org/name')."""
+    return value.startswith((".", "/", "~")) or value.endswith("/") or value.count("/") > 1 or "\\" in value
+
+
+def model_ref_problem(value: Any) -> str | None:
+    """None when `value` names a model the workbench can look for; else "<what is wrong>;
+    expected <what a model argument is>"."""
+    if not isinstance(value, str) or not value.strip():
+        return f"{_describe(value)}; expected {MODEL_EXPECTED}"
+    if value in TINY_MODEL_NAMES or _is_dir(value):
+        return None
+    path = os.path.expanduser(value)
+    if os.path.exists(path):
+        return f"{value!r} is a file, not a directory; expected {MODEL_EXPECTED}"
+    if _looks_like_path(value):
+        return f"no directory {value!r} (from {os.getcwd()}); expected {MODEL_EXPECTED}"
+    if _HF_REPO_RE.fullmatch(value):
+        return None
+    close = difflib.get_close_matches(value, TINY_MODEL_NAMES, n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown model {value!r}{hint}; expected {MODEL_EXPECTED}"
+
+
+def resolve_model(value: str, where: str) -> "ModelInfo":
+    """The model `value` names, its config read (no weights); a ModelError (exit 2) located at
+    `where` ("command line: --models[0]", "spec.yaml:3: models[0]", "command line: MODEL")."""
+    from ..errors import ModelError
+    from .model import model_info
+
+    problem = model_ref_problem(value)
+    if problem is not None:
+        raise ModelError(f"{where}: {problem}")
+    try:
+        return model_info(value)
+    except ModelError as err:
+        raise ModelError(f"{where}: {err}", hint=err.hint) from err
