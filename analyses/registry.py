@@ -57,15 +57,23 @@ class Analysis:
 
 
 _REGISTERED: dict[str, Analysis] = {}
-_LOADED = False
+_BUILTINS_LOADED = False
 
 
 class RegistryError(ValueError):
-    """Two declarations of one analysis name."""
+    """Two modules declare one analysis name."""
+
+
+class PluginError(ImportError):
+    """A plugin module (or an entry point's) that cannot be imported."""
+
+    def __init__(self, module: str, cause: BaseException):
+        super().__init__(f"cannot import plugin module {module!r}: {cause}")
+        self.module = module
 
 
 def register_analysis(analysis: Analysis) -> Analysis:
-    """Register `analysis` (a module calls this once, at import). A second module registering the
+    """Register `analysis` (its module calls this once, at import). A second module registering the
     same name is refused; the same module registering it again (a reload) replaces it."""
     held = _REGISTERED.get(analysis.name)
     if held is not None and held.table.__module__ != analysis.table.__module__:
@@ -77,33 +85,29 @@ def register_analysis(analysis: Analysis) -> Analysis:
 
 def _load_builtins() -> None:
     """Import every built-in analysis module, then every entry point's, once."""
-    global _LOADED
-    if _LOADED:
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
         return
-    _LOADED = True
     from . import builtin
 
     for module in pkgutil.iter_modules(builtin.__path__, builtin.__name__ + "."):
         importlib.import_module(module.name)
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        entry.load()
+        try:
+            entry.load()
+        except ImportError as err:
+            raise PluginError(entry.value, err) from err
+    _BUILTINS_LOADED = True
 
 
 def load_plugins(modules: Iterable[str]) -> None:
-    """Import the named modules (each registers its analyses). An import that fails raises
-    PluginError naming the module."""
+    """Import the named modules (each registers its analyses); PluginError names one that fails."""
     _load_builtins()
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as err:
             raise PluginError(name, err) from err
-
-
-class PluginError(ImportError):
-    def __init__(self, module: str, cause: ImportError):
-        super().__init__(f"cannot import plugin module {module!r}: {cause}")
-        self.module = module
 
 
 def analyses() -> tuple[Analysis, ...]:

@@ -82,7 +82,8 @@ def test_a_second_module_cannot_take_a_registered_name():
         raise AssertionError("never called")
 
     with pytest.raises(registry.RegistryError, match="'norm-ratio' is registered twice: by analyses.builtin.norm_ratio"):
-        registry.register_analysis(registry.Analysis("norm-ratio", "elsewhere", ("hidden",), (), other_table))
+        registry.register_analysis(registry.Analysis(name="norm-ratio", section="elsewhere", inputs=("hidden",),
+                                                    metrics=(), table=other_table))
     assert registry.by_name("norm-ratio") is held
 
 

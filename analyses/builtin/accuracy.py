@@ -103,7 +103,7 @@ def accuracy_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
 
 
 register_analysis(Analysis(
-    "accuracy", "Task accuracy under each condition", ("run_response", "run_answer"), (accuracy.accuracy,), accuracy_table,
-    (accuracy_vs_alpha,),
-    "Fan et al. suggest that scaling vision tokens down at inference time degrades visual understanding "
-    "(cited there, not measured)", order=140))
+    name="accuracy", section="Task accuracy under each condition", inputs=("run_response", "run_answer"),
+    metrics=(accuracy.accuracy,), table=accuracy_table, figures=(accuracy_vs_alpha,),
+    claim="Fan et al. suggest that scaling vision tokens down at inference time degrades visual understanding "
+          "(cited there, not measured)", order=140))

@@ -134,7 +134,8 @@ def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -
 
 
 register_analysis(Analysis(
-    "alpha", "Scaling the projector output (α sweep)", ("hidden", "decode_attention", "logprobs", "prefill_vision_mass"),
-    (norms.vision_text_ratio, attention.vision_attention_kl, logits.logit_kl, logits.median_rank,
-     attention.prefill_vision_mass, attention.decode_vision_mass),
-    alpha_table, (kl_vs_alpha, attention_mass), order=40))
+    name="alpha", section="Scaling the projector output (α sweep)",
+    inputs=("hidden", "decode_attention", "logprobs", "prefill_vision_mass"),
+    metrics=(norms.vision_text_ratio, attention.vision_attention_kl, logits.logit_kl, logits.median_rank,
+             attention.prefill_vision_mass, attention.decode_vision_mass),
+    table=alpha_table, figures=(kl_vs_alpha, attention_mass), order=40))

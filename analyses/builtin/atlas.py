@@ -104,5 +104,5 @@ def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
 
 # no claim quoted: the study measured two models; the cross-family question is the guide's
 register_analysis(Analysis(
-    "atlas", "Norms across the vision-language interface (norm atlas)", atlas.VARIABLES, (atlas.norm_atlas,),
-    atlas_table, (norm_ladder,), order=100))
+    name="atlas", section="Norms across the vision-language interface (norm atlas)", inputs=atlas.VARIABLES,
+    metrics=(atlas.norm_atlas,), table=atlas_table, figures=(norm_ladder,), order=100))

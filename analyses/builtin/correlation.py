@@ -96,6 +96,6 @@ def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
 
 
 register_analysis(Analysis(
-    "correlation", "Text-token trajectories with a real, blank or no image", ("hidden",),
-    (correlation.text_curve_correlation, norms.norm_curves, rotation.cosine_to_first), correlation_table,
-    (text_curves,), order=30))
+    name="correlation", section="Text-token trajectories with a real, blank or no image", inputs=("hidden",),
+    metrics=(correlation.text_curve_correlation, norms.norm_curves, rotation.cosine_to_first),
+    table=correlation_table, figures=(text_curves,), order=30))

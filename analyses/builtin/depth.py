@@ -1,6 +1,6 @@
-"""`depth`: per model and layer, the mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all tokens of
-the reference condition (`residual.residual_geometry`; `analyses.depth` has the per-token
-versions). Figure `depth.png`: both as curves, one line per model.
+"""`depth`: per model and layer, the mean ‖h_l‖₂ and ‖h_l − h_{l−1}‖₂/‖h_{l−1}‖₂ over all
+tokens of the reference condition (`residual.residual_geometry`; `analyses.depth` has the
+per-token versions). Figure `depth.png`: both as curves, one line per model.
 """
 
 from __future__ import annotations
@@ -75,5 +75,5 @@ def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureF
 
 
 register_analysis(Analysis(
-    "depth", "Norm growth and update size with depth", ("hidden",), (residual_geometry,), depth_table, (depth,),
-    order=80))
+    name="depth", section="Norm growth and update size with depth", inputs=("hidden",),
+    metrics=(residual_geometry,), table=depth_table, figures=(depth,), order=80))

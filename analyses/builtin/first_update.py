@@ -59,7 +59,7 @@ def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) 
 
 
 register_analysis(Analysis(
-    "first-update", "First-layer update and rotation by modality", ("hidden",),
-    (updates.relative_update, rotation.cosine_to_first), first_update_table, (cosine_to_first,),
-    "high norms dilute vision-token updates: the first layer changes vision tokens less, relative to their "
-    "norm, than text tokens (Observation 2)", order=20))
+    name="first-update", section="First-layer update and rotation by modality", inputs=("hidden",),
+    metrics=(updates.relative_update, rotation.cosine_to_first), table=first_update_table, figures=(cosine_to_first,),
+    claim="high norms dilute vision-token updates: the first layer changes vision tokens less, relative to their "
+          "norm, than text tokens (Observation 2)", order=20))

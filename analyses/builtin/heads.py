@@ -83,5 +83,5 @@ def heads(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureF
 
 
 register_analysis(Analysis(
-    "heads", "Attention per head: vision mass and the sink", ("prefill_vision_mass", "decode_attention"),
-    (head_vision_mass, attention_sink), heads_table, (heads,), order=90))
+    name="heads", section="Attention per head: vision mass and the sink", inputs=("prefill_vision_mass", "decode_attention"),
+    metrics=(head_vision_mass, attention_sink), table=heads_table, figures=(heads,), order=90))

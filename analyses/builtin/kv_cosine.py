@@ -76,5 +76,5 @@ def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Pat
 
 
 register_analysis(Analysis(
-    "kv-cosine", "Vision-token keys and values under α", ("keys", "values"), (kv.kv_cosine,), kv_cosine_table,
-    (kv_cosine_vs_alpha,), order=50))
+    name="kv-cosine", section="Vision-token keys and values under α", inputs=("keys", "values"),
+    metrics=(kv.kv_cosine,), table=kv_cosine_table, figures=(kv_cosine_vs_alpha,), order=50))

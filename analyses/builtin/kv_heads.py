@@ -81,5 +81,5 @@ def kv_heads_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
 
 
 register_analysis(Analysis(
-    "kv-heads", "Vision-token keys and values per KV head under α", ("keys", "values"),
-    (kv.kv_cosine_heads_per_sample,), kv_heads_table, (kv_heads_vs_alpha,), order=60))
+    name="kv-heads", section="Vision-token keys and values per KV head under α", inputs=("keys", "values"),
+    metrics=(kv.kv_cosine_heads_per_sample,), table=kv_heads_table, figures=(kv_heads_vs_alpha,), order=60))

@@ -49,5 +49,5 @@ def kv_substitution_table(models: dict[str, xr.Dataset], options: Options) -> Ta
 
 
 register_analysis(Analysis(
-    "kv-substitution", "KV-cache substitution", ("logprobs",), (kv.kv_substitution,), kv_substitution_table,
-    order=70))
+    name="kv-substitution", section="KV-cache substitution", inputs=("logprobs",), metrics=(kv.kv_substitution,),
+    table=kv_substitution_table, order=70))

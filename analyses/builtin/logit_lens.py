@@ -48,5 +48,5 @@ def lens_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
 
 
 register_analysis(Analysis(
-    "logit-lens", "Logit lens on vision and text tokens by layer", lens.VARIABLES, (lens.logit_lens,),
-    logit_lens_table, (lens_curves,), order=130))
+    name="logit-lens", section="Logit lens on vision and text tokens by layer", inputs=lens.VARIABLES,
+    metrics=(lens.logit_lens,), table=logit_lens_table, figures=(lens_curves,), order=130))

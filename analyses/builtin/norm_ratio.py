@@ -58,6 +58,7 @@ def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) ->
 
 
 register_analysis(Analysis(
-    "norm-ratio", "Vision and text token norms at the LLM input", ("hidden",),
-    (norms.vision_text_ratio, norms.norm_curves, updates.absolute_update), norm_ratio_table, (norms_updates,),
-    "vision tokens enter the LLM with higher norms than text tokens (Observation 1)", order=10))
+    name="norm-ratio", section="Vision and text token norms at the LLM input", inputs=("hidden",),
+    metrics=(norms.vision_text_ratio, norms.norm_curves, updates.absolute_update),
+    table=norm_ratio_table, figures=(norms_updates,),
+    claim="vision tokens enter the LLM with higher norms than text tokens (Observation 1)", order=10))

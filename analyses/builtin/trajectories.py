@@ -69,7 +69,7 @@ def trajectories_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: 
 
 
 register_analysis(Analysis(
-    "trajectories", "Vision-token trajectories against α", ("hidden",), (trajectories.vision_trajectories,),
-    trajectories_table, (trajectories_vs_alpha,),
-    "inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits",
+    name="trajectories", section="Vision-token trajectories against α", inputs=("hidden",),
+    metrics=(trajectories.vision_trajectories,), table=trajectories_table, figures=(trajectories_vs_alpha,),
+    claim="inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits",
     order=120))

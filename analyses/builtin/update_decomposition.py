@@ -51,7 +51,7 @@ def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) ->
 
 
 register_analysis(Analysis(
-    "update-decomposition", "Attention and MLP updates by modality and layer", branches.VARIABLES,
-    (branches.update_decomposition,), update_decomposition_table, (branch_shares,),
-    "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)",
+    name="update-decomposition", section="Attention and MLP updates by modality and layer", inputs=branches.VARIABLES,
+    metrics=(branches.update_decomposition,), table=update_decomposition_table, figures=(branch_shares,),
+    claim="due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)",
     order=110))
