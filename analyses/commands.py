@@ -76,7 +76,7 @@ def did_you_mean(value: str, choices: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def load_plugins(args: argparse.Namespace) -> None:
+def load_analyses(args: argparse.Namespace) -> None:
     """Import `--plugins` (each registers its analyses), then check the NAMEs against the registry,
     with a did-you-mean: a typo is an error (exit 2) before the store is opened."""
     from workbench.errors import BadInputError
@@ -149,7 +149,7 @@ def _options(args: argparse.Namespace):
 def run_analyze(args: argparse.Namespace) -> int:
     from .tables import analyze
 
-    load_plugins(args)
+    load_analyses(args)
     check_arguments(args)
     sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
     return 0
@@ -158,7 +158,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    load_plugins(args)
+    load_analyses(args)
     check_arguments(args)
     path = write_report(args.store, args.out, _options(args), args.models)
     figures = sorted(p.name for p in path.parent.glob("*.png"))

@@ -10,7 +10,7 @@ import pytest
 import workbench
 from analyses import kv
 from analyses.streaming import as_str
-from analyses.tables import Options, sweep_conditions, build_tables
+from analyses.tables import Options, build_tables, sweep_conditions
 from workbench.models.model import model_info
 from workbench.runner import run_spec
 from workbench.spec import parse_spec
