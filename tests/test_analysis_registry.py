@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from analyses import builtin, registry, tables
+from analyses.commands import main as analyses_main
 from analyses.synthetic import write_synthetic_store
 from workbench.cli import main
 
@@ -57,9 +58,10 @@ def test_analyze_report_and_the_cli_list_the_registry(small_store, tmp_path, cap
     assert [t.name for t in tables.build_tables(small_store, options=tables.Options(n_resamples=20))] == list(names)
     # `analyze --help` lists the registry's names; a wrong name is refused with them (exit 2)
     monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help at the terminal width, hyphens included
-    with pytest.raises(SystemExit):
-        main(["analyze", "--help"])
-    assert f"tables to print (default: all): {', '.join(names)}" in capsys.readouterr().out
+    for cli in (main, analyses_main):   # `workbench analyze`, `python -m analyses analyze`
+        with pytest.raises(SystemExit):
+            cli(["analyze", "--help"])
+        assert f"tables to print (default: all): {', '.join(names)}" in capsys.readouterr().out
     assert main(["analyze", str(small_store), "kv-cosines"]) == 2
     err = capsys.readouterr().err
     assert "unknown table 'kv-cosines' (did you mean 'kv-cosine'?)" in err and ", ".join(names) in err
