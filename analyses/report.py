@@ -2,9 +2,9 @@
 
 Writes DIR/report.md and the PNG figures beside it, one section per registered analysis
 (`analyses.registry`), in its order: the study's (observations, ablation, experiments), then
-depth, then any plugin's. Headings name what is
-measured; where the study made a claim about it, the claim is quoted beside it as "the study
-reports ...", never as this store's conclusion: the numbers below it may agree or not. Sections
+depth, then any plugin's. Headings name what is measured; where the study made a claim about it,
+the claim is quoted beside it as "the study reports ...", never as this store's conclusion: the
+numbers below it may agree or not. Sections
 are chosen by what the store holds: a section with nothing to show is listed at the end with the
 reason; within a shown section, a table or figure that cannot be drawn is one line saying why.
 """
