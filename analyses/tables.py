@@ -19,7 +19,7 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import xarray as xr
@@ -73,7 +73,7 @@ class Table:
     def formatted_rows(self) -> list[list[str]]:
         """The rows as text, each column of estimates in one format (`Cell.format`)."""
         scientific = {j for j in range(len(self.columns))
-                      if any(isinstance(row[j], Cell) and row[j].needs_scientific() for row in self.rows)}
+                      if any(isinstance(c := row[j], Cell) and c.needs_scientific() for row in self.rows)}
         return [[c.format(j in scientific) if isinstance(c, Cell) else str(c) for j, c in enumerate(row)]
                 for row in self.rows]
 
@@ -198,7 +198,7 @@ def without_nonfinite(ds: xr.Dataset) -> tuple[xr.Dataset, int]:
     bad = set(as_str(ds["run_sample"].values)[flagged].tolist())
     keep_tokens = ~np.isin(as_str(ds["sample"].values), list(bad))
     keep_runs = ~np.isin(as_str(ds["run_sample"].values), list(bad))
-    rows = {"token": keep_tokens, "run": keep_runs}
+    rows: dict[Hashable, np.ndarray] = {"token": keep_tokens, "run": keep_runs}
     if "patch_sample" in ds.coords:  # vision-tower rows (the norm atlas)
         rows[ds["patch_sample"].dims[0]] = ~np.isin(as_str(ds["patch_sample"].values), list(bad))
     return ds.isel(rows), len(bad)

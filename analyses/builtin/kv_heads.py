@@ -15,7 +15,7 @@ from ..bootstrap import summarize
 from ..figures import ALPHA_LABEL, FigureFile, band, finish, from_table, grid, model_colors
 from ..registry import Analysis, register_analysis
 from ..streaming import layer_mean
-from ..tables import Builder, Options, Table, estimate, extreme_head, missing, sweep_conditions, sweep_name
+from ..tables import Builder, Cell, Options, Table, estimate, extreme_head, missing, sweep_conditions, sweep_name
 
 
 def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -43,7 +43,7 @@ def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         by_head = summarize(values, **options.boot())
         head_mean = summarize(values.mean("kv_head"), **options.boot())
         for condition, _, label in sweep_conditions(ds, sweep):
-            cells = []
+            cells: list[str | Cell] = []
             for name in ("cos_k", "cos_v"):
                 cells += [estimate(head_mean[name].sel(condition=condition), 3),
                           extreme_head(by_head[name].sel(condition=condition), "kv_head", largest=False)]
