@@ -23,9 +23,17 @@ The definitions the study leaves open are keyword arguments with the defaults of
 `vision_attention_kl`, `rank_base=` of `median_rank`; see `workbench.definitions`); the tables
 take them from the store's `definitions` attr and print them.
 
-Store-wide (one entry per analysis in `registry.ANALYSES`: table, figures, report section):
-`tables.analyze(store)` (markdown), `tables.build_tables(store)` (with xarray data
-over a `model` dim), `report.write_report(store, out)`. Expensive per-sample reductions are
-cached in the store (`cache`); `streaming` reads bounded blocks; `synthetic` writes a store whose
-answers are known, for tests and demos.
+Store-wide: `tables.analyze(store)` (markdown), `tables.build_tables(store)` (with xarray data
+over a `model` dim), `report.write_report(store, out)`, over every registered analysis. Each
+analysis is declared once, by `register_analysis(Analysis(...))` (`registry`): its inputs, its
+metrics, its table, its figures and its report section. The built-ins are one module each in
+`analyses/builtin/`; a user's module registers the same way and is loaded with `--plugins MODULE`
+(or an entry point of the group `workbench.analyses`). Tables are built with `tables.Builder`,
+figures with the helpers of `figures`. Expensive per-sample reductions are cached in the store
+(`cache`); `streaming` reads bounded blocks; `synthetic` writes a store whose answers are known,
+for tests and demos.
 """
+
+from .registry import Analysis, register_analysis
+
+__all__ = ["Analysis", "register_analysis"]

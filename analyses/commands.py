@@ -13,22 +13,34 @@ import sys
 
 from workbench.definitions import AVERAGE_LAYERS, RANK_BASES, TEXT_SETS
 
-from .registry import NAMES
+from . import registry
 
 # default condition names; an explicit --reference/--blank/... must name a condition of the store
 CONDITION_DEFAULTS = {"reference": "baseline", "blank": "blank", "text_only": "none", "hybrid": "hybrid",
                       "self_swap": "self_swap"}
 
-TABLE_NAMES = NAMES  # the analyses registry's names (analyses/registry.py)
 ANALYZE_HELP = "print the study's tables (markdown, 95%% bootstrap CIs) from a store"
 ANALYZE_DESCRIPTION = (
-    "Compute the study's tables from STORE and print them as markdown: vision/text norm ratio, first-layer "
-    "relative update and rotation, text-curve correlations, the α sweep (norm ratio, attention KL, logit KL, "
-    "median rank), K/V cosines, KV substitution, depth and the norm atlas across the vision-language interface. Results are cached in STORE/_analyses and reused while "
-    "the store is unchanged. Tables whose inputs the store lacks are skipped with one line each."
+    "Compute the tables of every registered analysis (or the NAMEs given) from STORE and print them as "
+    "markdown. Results are cached in STORE/_analyses and reused while the store is unchanged. Tables whose "
+    "inputs the store lacks are skipped with one line each."
 )
 REPORT_HELP = "write the study's figures (PNG) and tables into DIR/report.md"
 REPORT_DESCRIPTION = "Write DIR/report.md with every table of `analyze` and the figures (PNG) it embeds."
+
+
+class _RegisteredNames(str):
+    """The NAME argument's help, listing the registered analyses only when the help is printed:
+    listing them imports every analysis (xarray, dask, matplotlib), which building the workbench
+    CLI's parser for another command must not pay for. argparse expands a help string with
+    `help % params` (CPython 3.11 Lib/argparse.py, HelpFormatter._expand_help)."""
+
+    def __mod__(self, params: object) -> str:
+        return f"tables to print (default: all): {', '.join(registry.names())}"
+
+
+def _plugin_modules(value: str) -> list[str]:
+    return [m.strip() for m in value.split(",") if m.strip()]
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +66,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
+                        help="modules to import first, each registering its own analyses "
+                             "(analyses.register_analysis; importable from this environment), e.g. mylab.analyses")
 
 
 def did_you_mean(value: str, choices: list[str]) -> str:
@@ -61,11 +76,20 @@ def did_you_mean(value: str, choices: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _table_name(value: str) -> str:
-    if value not in TABLE_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown table {value!r}{did_you_mean(value, list(TABLE_NAMES))}; "
-                                         f"expected one of {', '.join(TABLE_NAMES)}")
-    return value
+def load_analyses(args: argparse.Namespace) -> None:
+    """Import `--plugins` (each registers its analyses), then check the NAMEs against the registry,
+    with a did-you-mean: a typo is an error (exit 2) before the store is opened."""
+    from workbench.errors import BadInputError
+
+    try:
+        registry.load_plugins(args.plugins or ())
+    except registry.PluginError as err:
+        raise BadInputError(f"--plugins: {err}") from err
+    known = list(registry.names())
+    for i, name in enumerate(getattr(args, "names", None) or ()):
+        if name not in known:
+            raise BadInputError(f"NAME[{i}]: unknown table {name!r}{did_you_mean(name, known)}; "
+                                f"expected one of {', '.join(known)}")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -105,8 +129,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("names", nargs="*", type=_table_name, metavar="NAME",
-                        help=f"tables to print (default: all): {', '.join(TABLE_NAMES)}")
+    parser.add_argument("names", nargs="*", metavar="NAME", help=_RegisteredNames("tables to print (default: all)"))
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +149,7 @@ def _options(args: argparse.Namespace):
 def run_analyze(args: argparse.Namespace) -> int:
     from .tables import analyze
 
+    load_analyses(args)
     check_arguments(args)
     sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
     return 0
@@ -134,6 +158,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
+    load_analyses(args)
     check_arguments(args)
     path = write_report(args.store, args.out, _options(args), args.models)
     figures = sorted(p.name for p in path.parent.glob("*.png"))

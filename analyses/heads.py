@@ -9,7 +9,7 @@ Definitions (`decoder_layer` l, head h; A_{l,h}(t, k) the attention probability 
   position (the attention sink of the StreamingLLM / massive-activation literature); per
   (condition, sample, step, layer, head), from `decode_attention`.
 
-Per-sample values; the `heads` table (`analyses.tables`) takes the mean over samples with a 95%
+Per-sample values; the `heads` table (`analyses.builtin.heads`) takes the mean over samples with a 95%
 bootstrap CI. Torch-free: reads the store only.
 """
 

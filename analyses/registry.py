@@ -1,52 +1,127 @@
-"""The analyses registry: every analysis once, by name -> its table -> its figures -> its report
-section. `workbench analyze` (the table names it accepts and prints), `workbench report` (its
-sections, in this order) and the CLI's choices all read it; adding an analysis is a table builder
-in `analyses.tables`, its figures in `analyses.figures` and one entry here.
+"""The analyses registry: each analysis declared once, by `register_analysis(Analysis(...))` in its
+own module. `workbench analyze` (its tables and the names it accepts), `workbench report` (its
+sections, in order) and `python -m analyses` read the registry and nothing else.
 
-Import-light on purpose (no xarray, no matplotlib): the CLI reads it to build `--help`.
+Where declarations come from, all registered the same way:
+- built-ins: every module of `analyses/builtin/` (one file per analysis), imported on first use;
+- installed packages: the modules an entry point of the group `workbench.analyses` names;
+- a user's own modules: `--plugins mylab.analyses` of `analyze` / `report` (`load_plugins`).
+
+Adding an analysis is one module that registers it; nothing else names it.
+
+Import-light on purpose (no xarray, no matplotlib): the CLI imports it while building its parser.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import xarray as xr
+
+    from .figures import FigureFile
+    from .tables import Options, Table
+
+ENTRY_POINT_GROUP = "workbench.analyses"
+PLUGIN_ORDER = 1000  # a declaration without an order goes after every built-in
 
 
-class Analysis(NamedTuple):
-    name: str                   # the table's name: `workbench analyze STORE NAME`
-    table: str                  # its builder in analyses.tables
-    figures: tuple[str, ...]    # names in analyses.figures.FIGURES
-    section: str                # the report's heading: what is measured
-    claim: str | None = None    # what the study reports about it, quoted in the report, or None
+class TableBuilder(Protocol):
+    def __call__(self, models: dict[str, xr.Dataset], options: Options, /) -> Table: ...
 
 
-ANALYSES: tuple[Analysis, ...] = (
-    Analysis("norm-ratio", "norm_ratio_table", ("norms_updates",), "Vision and text token norms at the LLM input",
-             "vision tokens enter the LLM with higher norms than text tokens (Observation 1)"),
-    Analysis("first-update", "first_update_table", ("cosine_to_first",), "First-layer update and rotation by modality",
-             "high norms dilute vision-token updates: the first layer changes vision tokens less, relative to their "
-             "norm, than text tokens (Observation 2)"),
-    Analysis("correlation", "correlation_table", ("text_curves",), "Text-token trajectories with a real, blank or no image"),
-    Analysis("alpha", "alpha_table", ("kl_vs_alpha", "attention_mass"), "Scaling the projector output (α sweep)"),
-    Analysis("kv-cosine", "kv_cosine_table", ("kv_cosine_vs_alpha",), "Vision-token keys and values under α"),
-    Analysis("kv-heads", "kv_heads_table", ("kv_heads_vs_alpha",), "Vision-token keys and values per KV head under α"),
-    Analysis("kv-substitution", "kv_substitution_table", (), "KV-cache substitution"),
-    Analysis("depth", "depth_table", ("depth",), "Norm growth and update size with depth"),
-    Analysis("heads", "heads_table", ("heads",), "Attention per head: vision mass and the sink"),
-    # no claim quoted: the study measured two models; the cross-family question is the guide's
-    Analysis("atlas", "atlas_table", ("norm_ladder",), "Norms across the vision-language interface (norm atlas)"),
-    Analysis("update-decomposition", "update_decomposition_table", ("branch_shares",),
-             "Attention and MLP updates by modality and layer",
-             "due to higher norms, the same update vector has a smaller impact on vision tokens (Observation 2)"),
-    Analysis("trajectories", "trajectories_table", ("trajectories_vs_alpha",), "Vision-token trajectories against α",
-             "inference-time downscaling breaks visual trajectories, decode-time attention patterns, and output logits"),
-    Analysis("logit-lens", "logit_lens_table", ("lens_curves",), "Logit lens on vision and text tokens by layer"),
-    Analysis("accuracy", "accuracy_table", ("accuracy_vs_alpha",), "Task accuracy under each condition",
-             "Fan et al. suggest that scaling vision tokens down at inference time degrades visual understanding "
-             "(cited there, not measured)"),
-)
+class FigureMaker(Protocol):
+    __name__: str
 
-NAMES: tuple[str, ...] = tuple(a.name for a in ANALYSES)
+    def __call__(self, models: dict[str, xr.Dataset], options: Options, out: Path, /) -> FigureFile: ...
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: what it reads, what it computes, and how the report shows it."""
+
+    name: str                           # the table's name: `workbench analyze STORE NAME`
+    section: str                        # the report's heading: what is measured
+    inputs: tuple[str, ...]             # store variables it reads (the captures that write them)
+    metrics: tuple[Callable[..., object], ...]  # the per-model functions a Python user calls for the same numbers
+    table: TableBuilder                 # every model of a store -> one table
+    figures: tuple[FigureMaker, ...] = ()   # each writes one PNG of the report's section
+    claim: str | None = None            # what the study reports about it, quoted in the report, or None
+    order: int = PLUGIN_ORDER           # position of its table and section (built-ins: the study's order)
+
+
+_REGISTERED: dict[str, Analysis] = {}
+_BUILTINS_LOADED = False
+
+
+class RegistryError(ValueError):
+    """Two modules declare one analysis name."""
+
+
+class PluginError(ImportError):
+    """A plugin module (or an entry point's) that cannot be imported."""
+
+    def __init__(self, module: str, cause: BaseException):
+        super().__init__(f"cannot import plugin module {module!r}: {cause}")
+        self.module = module
+
+
+def register_analysis(analysis: Analysis) -> Analysis:
+    """Register `analysis` (its module calls this once, at import). A second module registering the
+    same name is refused; the same module registering it again (a reload) replaces it."""
+    held = _REGISTERED.get(analysis.name)
+    if held is not None and held.table.__module__ != analysis.table.__module__:
+        raise RegistryError(f"analysis {analysis.name!r} is registered twice: by {held.table.__module__} "
+                            f"and by {analysis.table.__module__}")
+    _REGISTERED[analysis.name] = analysis
+    return analysis
+
+
+def _load_builtins() -> None:
+    """Import every built-in analysis module, then every entry point's, once."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    from . import builtin
+
+    for module in pkgutil.iter_modules(builtin.__path__, builtin.__name__ + "."):
+        importlib.import_module(module.name)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except ImportError as err:
+            raise PluginError(entry.value, err) from err
+    _BUILTINS_LOADED = True
+
+
+def load_plugins(modules: Iterable[str]) -> None:
+    """Import the named modules (each registers its analyses); PluginError names one that fails."""
+    _load_builtins()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise PluginError(name, err) from err
+
+
+def analyses() -> tuple[Analysis, ...]:
+    """Every registered analysis, in order (then in the order registered)."""
+    _load_builtins()
+    return tuple(sorted(_REGISTERED.values(), key=lambda a: a.order))
+
+
+def names() -> tuple[str, ...]:
+    return tuple(a.name for a in analyses())
 
 
 def by_name(name: str) -> Analysis:
-    return next(a for a in ANALYSES if a.name == name)
+    for analysis in analyses():
+        if analysis.name == name:
+            return analysis
+    raise KeyError(f"no analysis {name!r}; registered: {', '.join(names())}")

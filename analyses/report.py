@@ -1,9 +1,10 @@
 """`workbench report STORE --out DIR`: the study's tables and figures in one markdown report.
 
-Writes DIR/report.md and the PNG figures of `analyses.figures` beside it, section by section in
-the study's order (observations, ablation, experiments), then depth. Headings name what is
-measured; where the study made a claim about it, the claim is quoted beside it as "the study
-reports ...", never as this store's conclusion: the numbers below it may agree or not. Sections
+Writes DIR/report.md and the PNG figures beside it, one section per registered analysis
+(`analyses.registry`), in its order: the study's (observations, ablation, experiments), then
+depth, then any plugin's. Headings name what is measured; where the study made a claim about it,
+the claim is quoted beside it as "the study reports ...", never as this store's conclusion: the
+numbers below it may agree or not. Sections
 are chosen by what the store holds: a section with nothing to show is listed at the end with the
 reason; within a shown section, a table or figure that cannot be drawn is one line saying why.
 """
@@ -17,13 +18,9 @@ from pathlib import Path
 from workbench.store import store_info
 
 from .cache import forcing
-from .figures import FigureFile, write_figures
-from .registry import ANALYSES
-from .tables import Options, Table, build_tables, open_models
-
-# (heading: what is measured, the study's claim or None, tables, figures): one section per entry
-# of the analyses registry, in its order
-SECTIONS = tuple((a.section, a.claim, [a.name], list(a.figures)) for a in ANALYSES)
+from .figures import FigureFile, draw
+from .registry import Analysis, analyses
+from .tables import Options, Table, open_models
 
 
 def _store_summary(store: Path) -> list[str]:
@@ -51,9 +48,11 @@ def write_report(store: str | Path, out: str | Path, options: Options | None = N
     options = options or Options()
     opened = open_models(store, models)
     out.mkdir(parents=True, exist_ok=True)
+    sections: list[tuple[Analysis, Table, list[FigureFile]]] = []
     with forcing() if options.force else contextlib.nullcontext():   # each analysis recomputed once
-        tables: dict[str, Table] = {t.name: t for t in build_tables(store, None, options, models, opened)}
-        figures = {f.name.removesuffix(".png"): f for f in write_figures(opened, options, out)}
+        for analysis in analyses():
+            sections.append((analysis, analysis.table(opened, options),
+                             [draw(make, opened, options, out) for make in analysis.figures]))
     lines = [f"# Analyses of {store.name}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `workbench report`.", ""]
     lines += _store_summary(store)
     lines += ["", "Every number is a mean over samples (median rank: a median) with its 95% bootstrap CI over "
@@ -62,18 +61,17 @@ def write_report(store: str | Path, out: str | Path, options: Options | None = N
               f"`{options.reference}`; blank image: `{options.blank}`; no image: `{options.text_only}`; "
               f"KV hybrid: `{options.hybrid}`.", ""]
     absent = []
-    for heading, claim, table_names, figure_names in SECTIONS:
-        parts = [tables[n] for n in table_names] + [figures[n] for n in figure_names]
+    for analysis, table, figures in sections:
+        parts: list[Table | FigureFile] = [table, *figures]
         if all(p.skipped for p in parts):
-            absent.append(f"- {heading}: {'; '.join(dict.fromkeys(p.skipped for p in parts))}")
+            absent.append(f"- {analysis.section}: {'; '.join(dict.fromkeys(str(p.skipped) for p in parts))}")
             continue
-        lines += [f"## {heading}", ""]
-        if claim:
-            lines += [f"*The study reports that {claim}. Compare with the numbers below.*", ""]
-        for name in table_names:
-            lines += [tables[name].markdown(), ""]
-        for name in figure_names:
-            lines += [_figure_markdown(figures[name]), ""]
+        lines += [f"## {analysis.section}", ""]
+        if analysis.claim:
+            lines += [f"*The study reports that {analysis.claim}. Compare with the numbers below.*", ""]
+        lines += [table.markdown(), ""]
+        for figure in figures:
+            lines += [_figure_markdown(figure), ""]
     if absent:
         lines += ["## Not in this store", "", *absent, ""]
     path = out / "report.md"

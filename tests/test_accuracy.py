@@ -12,8 +12,8 @@ import pytest
 
 import workbench
 from analyses import accuracy
-from analyses.figures import accuracy_vs_alpha
-from analyses.tables import Options, accuracy_table, build_tables
+from analyses.builtin.accuracy import accuracy_table, accuracy_vs_alpha
+from analyses.tables import Options, build_tables
 from workbench.cli import main
 from workbench.data import BUILTIN_EVAL_MODES, DatBenchError, SampleFileError, builtin_samples, jsonl_samples
 from workbench.definitions import EVAL_MODES

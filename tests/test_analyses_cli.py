@@ -15,7 +15,7 @@ import pytest
 import xarray as xr
 
 import workbench
-from analyses import cache, figures, logits, norms, tables
+from analyses import cache, logits, norms, registry, tables
 from analyses.cache import COMPUTED, cache_entries, open_model
 from analyses.residual import residual_geometry
 from analyses.synthetic import DEFAULT_MODELS, synthetic_store_once, write_synthetic_store
@@ -207,18 +207,16 @@ def test_report_writes_report_md_and_readable_pngs(analysed, tmp_path, capsys):
     # the tables' analyses come from the cache `analyze` filled; only figure-only ones are new
     assert set(COMPUTED - before) <= {"prefill_attention", "decode_attention_mass"}
     report = (out / "report.md").read_text()
-    for name in figures.FIGURES:
+    for name in [make.__name__ for analysis in registry.analyses() for make in analysis.figures]:
         png = out / f"{name}.png"
         assert png.stat().st_size > 10_000, name
         image = imread(png)
         assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
         assert image[..., :3].std() > 0.05                # not blank
         assert f"]({name}.png)" in report
-    from analyses.report import SECTIONS
-
-    for heading, claim, _, _ in SECTIONS:  # the synthetic store holds every section's inputs
-        assert f"## {heading}\n" in report
-        assert (f"*The study reports that {claim}." in report) if claim else True
+    for analysis in registry.analyses():  # the synthetic store holds every section's inputs
+        assert f"## {analysis.section}\n" in report
+        assert (f"*The study reports that {analysis.claim}." in report) if analysis.claim else True
     assert "## Not in this store" not in report and "Norm-gap" not in report
     assert "| model | α | cos(K′,K) | cos(V′,V) |" in report
 
@@ -261,9 +259,10 @@ def test_analyses_run_where_torch_cannot_be_imported(analysed, tmp_path):
         from analyses.commands import main
         # recomputed here (--force), for one model
         assert main(["analyze", {str(store)!r}, "alpha", "kv-substitution", "--force", "--models", {FULL!r}]) == 0
-        from analyses import cache, figures, kv, norms, tables
+        from analyses import cache, kv, norms, tables
+        from analyses.builtin.alpha import kl_vs_alpha
         models = tables.open_models({str(store)!r}, [{FULL!r}])
-        assert figures.kl_vs_alpha(models, tables.Options(), Path({str(out)!r})).path is not None
+        assert kl_vs_alpha(models, tables.Options(), Path({str(out)!r})).path is not None
         ds = models[{FULL!r}]
         print("RATIO", float(norms.vision_text_ratio(ds).sel(condition="baseline", stat="value")))
         print("KV", float(kv.kv_cosine(ds, force=True)["cos_k"].sel(condition="alpha=3.0", stat="value")))

@@ -12,7 +12,7 @@ import pytest
 import workbench
 from analyses.bootstrap import bootstrap_array
 from analyses.branches import token_shares, update_decomposition
-from analyses.figures import branch_shares
+from analyses.builtin.update_decomposition import branch_shares
 from analyses.tables import Options, build_tables, open_models
 from workbench.cli import main
 from workbench.runner import run_spec

@@ -10,7 +10,7 @@ import pytest
 import workbench
 from analyses import kv
 from analyses.streaming import as_str
-from analyses.tables import Options, _sweep_conditions, build_tables
+from analyses.tables import Options, build_tables, sweep_conditions
 from workbench.models.model import model_info
 from workbench.runner import run_spec
 from workbench.spec import parse_spec
@@ -65,7 +65,7 @@ def test_kv_heads_table_is_the_head_mean_and_the_lowest_head(store):
     ds = workbench.open_store(store, model="tiny-qwen3vl")
     heads = model_info("tiny-qwen3vl").kv_heads
     table = build_tables(str(store), ["kv-heads"], Options(n_resamples=200))[0]
-    conditions = [c for c, _, _ in _sweep_conditions(ds, "alpha")]
+    conditions = [c for c, _, _ in sweep_conditions(ds, "alpha")]
     assert not table.skipped and len(table.rows) == len(conditions) == 2
     for row, condition in zip(table.rows, conditions):
         expected = numpy_reference(ds, condition, "keys", heads).mean(1)     # (sample, head): layers averaged

@@ -123,7 +123,7 @@ def test_lens_analysis_equals_numpy(lens_store, name):
 
 def test_lens_table_figure_and_cli(lens_store, tmp_path, capsys):
     import workbench
-    from analyses.figures import lens_curves
+    from analyses.builtin.logit_lens import lens_curves
     from analyses.tables import Options, build_tables, open_models
     from workbench.cli import main
 

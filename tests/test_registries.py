@@ -1,6 +1,6 @@
 """One registry per extension point, and everything that lists its entries agrees with it:
-interventions (kind -> spec model -> runtime class; the spec's kind list and error messages) and
-analyses (name -> table -> figures -> report section; `analyze`, `report` and the CLI's `--help`)."""
+interventions (kind -> spec model -> runtime class; the spec's kind list and error messages).
+Analyses: tests/test_analysis_registry.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import typing
 import pytest
 
 from workbench import interventions, plan, spec
-from workbench.cli import main
 from workbench.models.model import model_info
 from workbench.plan import compile_plan
 
@@ -55,27 +54,3 @@ def test_a_kind_missing_from_one_half_is_refused(monkeypatch):
     monkeypatch.setattr(plan, "RUNTIME", {k: v for k, v in interventions.RUNTIME.items() if k != "patch"})
     with pytest.raises(RuntimeError, match="intervention kinds disagree"):
         plan.intervention_registry()
-
-
-def test_analyses_registry_drives_tables_figures_report_and_cli(capsys, monkeypatch):
-    from analyses import commands, figures, report, tables
-    from analyses.registry import ANALYSES, NAMES
-
-    assert tuple(tables.BUILDERS) == NAMES == tables.TABLES == commands.TABLE_NAMES
-    for analysis in ANALYSES:
-        assert tables.BUILDERS[analysis.name].__name__ == analysis.table
-    named = [f for a in ANALYSES for f in a.figures]
-    assert sorted(named) == sorted(figures.FIGURES)          # each figure in exactly one section
-    assert [s[2] for s in report.SECTIONS] == [[n] for n in NAMES]
-    assert [s[0] for s in report.SECTIONS] == [a.section for a in ANALYSES]
-    # the CLI's choices: `analyze --help` lists the registry's names, a wrong name is refused with them
-    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help at the terminal width, hyphens included
-    with pytest.raises(SystemExit):
-        main(["analyze", "--help"])
-    help_text = capsys.readouterr().out
-    assert f"tables to print (default: all): {', '.join(NAMES)}" in help_text
-    with pytest.raises(SystemExit) as exit_:
-        main(["analyze", "nowhere.zarr", "kv-cosines"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "unknown table 'kv-cosines' (did you mean 'kv-cosine'?)" in err and ", ".join(NAMES) in err

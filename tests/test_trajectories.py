@@ -11,7 +11,7 @@ import pytest
 
 import workbench
 from analyses.bootstrap import bootstrap_array
-from analyses.figures import trajectories_vs_alpha
+from analyses.builtin.trajectories import trajectories_vs_alpha
 from analyses.tables import Options, build_tables, open_models
 from analyses.trajectories import vision_trajectories
 from workbench.runner import run_spec

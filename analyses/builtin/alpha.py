@@ -1,0 +1,141 @@
+"""`alpha`: per model and swept α, the vision/text norm ratio (`norms.vision_text_ratio`), the
+attention KL (`attention.vision_attention_kl`), the logit KL (`logits.logit_kl`) and the median
+rank (`logits.median_rank`) against the reference. Figures `kl_vs_alpha.png` (attention KL and
+logit KL against α, log x, per model) and `attention_mass.png` (prefill and decode text → vision
+attention mass per layer, per model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from .. import attention, logits, norms
+from ..figures import ALPHA_LABEL, DECODER_LAYER_LABEL, FigureFile, alpha_series, band, grid, model_colors, save, usable
+from ..registry import Analysis, register_analysis
+from ..tables import Builder, Options, Table, estimate, missing, sweep_conditions, sweep_name
+
+
+def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
+    ref, sweep = options.reference, options.sweep
+    b = Builder("alpha", f"Scaling the projector output by {sweep} (against {ref}; step {options.step})",
+                ["model", sweep if sweep != "alpha" else "α", "vision/text norm ratio", "attention KL", "logit KL",
+                 "median rank"], options, medians=True)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = missing(ds, ("hidden", "decode_attention", "logprobs"), (ref,), (0,))
+        if not lacking and not sweep_conditions(ds, sweep):
+            lacking = [f"conditions sweeping {sweep}"]
+        return lacking
+
+    def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
+        conditions = sweep_conditions(ds, sweep)
+        names = [c for c, _, _ in conditions]
+        defs = options.definitions_for(ds)
+        parts = {
+            "norm_ratio": norms.vision_text_ratio(ds, layer=0, text_set=defs["text_set"], **options.boot()),
+            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, average_layers=defs["average_layers"],
+                                                          **options.boot()),
+            "logit_kl": logits.logit_kl(ds, ref, options.step, **options.boot()),
+            "median_rank": logits.median_rank(ds, ref, options.step, rank_base=defs["rank_base"], **options.boot()),
+        }
+        parts = {k: v.reindex(condition=names) for k, v in parts.items()}
+        for condition, _, label in conditions:
+            row = {k: v.sel(condition=condition) for k, v in parts.items()}
+            b.table.rows.append([model, label, estimate(row["norm_ratio"], 2), estimate(row["attention_kl"], 2),
+                                 estimate(row["logit_kl"], 2), estimate(row["median_rank"], 1)])
+            b.count(model, *row.values())
+        return xr.Dataset({k: v.rename(n_samples=f"n_samples_{k}") for k, v in parts.items()})
+
+    return b.run(models, need, fill)
+
+
+def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref, sweep = options.reference, options.sweep
+    title = f"Divergence from {ref} against the projector scale {sweep_name(sweep)}"
+    fig_file = FigureFile("kl_vs_alpha.png", title)
+
+    def need(ds: xr.Dataset) -> list[str]:
+        lacking = missing(ds, (), (ref,))
+        if not {"decode_attention", "logprobs"} & set(ds.data_vars):
+            lacking.append("decode_attention or logprobs")
+        if not lacking and not sweep_conditions(ds, sweep):
+            lacking.append(f"conditions sweeping {sweep}")
+        return lacking
+
+    ready, skipped = usable(models, need)
+    if not ready:
+        fig_file.skipped = "; ".join(skipped)
+        return fig_file
+    colors = model_colors(list(models))
+    kinds = [k for k in ("decode_attention", "logprobs") if any(k in ds.data_vars for ds in ready.values())]
+    fig, axes = grid(1, len(kinds), width=5.5, height=3.8)  # a panel only for what the store holds
+    panel = {kind: axes[0, i] for i, kind in enumerate(kinds)}
+    for model, ds in ready.items():
+        panels = []
+        if "decode_attention" in ds.data_vars:
+            average_layers = options.definitions_for(ds)["average_layers"]
+            panels.append((panel["decode_attention"], attention.vision_attention_kl(
+                ds, ref, options.step, average_layers=average_layers, **options.boot())))
+        if "logprobs" in ds.data_vars:
+            panels.append((panel["logprobs"], logits.logit_kl(ds, ref, options.step, **options.boot())))
+        for ax, est in panels:
+            x, est = alpha_series(ds, est, sweep)
+            band(ax, x, est, colors[model], model, marker="o")
+    if "decode_attention" in panel:
+        panel["decode_attention"].set(title=f"attention over vision keys (decode step {options.step};\nmean over "
+                                      "layers and heads)", ylabel=f"KL({ref} ‖ condition) (nats)")
+    if "logprobs" in panel:
+        panel["logprobs"].set(title=f"next-token distribution\n(decode step {options.step})",
+                              ylabel=f"KL({ref} ‖ condition) (nats)")
+    for ax in axes[0]:
+        ax.set(xscale="log", xlabel=ALPHA_LABEL)
+        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+        ax.set_ylim(bottom=0)
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig_file.path = save(fig, out, fig_file.name)
+    return fig_file
+
+
+def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    ref = options.reference
+    title = f"Text → vision attention mass per decoder layer ({ref})"
+    fig_file = FigureFile("attention_mass.png", title)
+    ready, skipped = usable(models, lambda ds: [] if {"prefill_vision_mass", "decode_attention"} & set(ds.data_vars)
+                            and ref in np.asarray(ds["condition"].values).astype(object).astype(str)
+                            else ["prefill_vision_mass or decode_attention", f"condition {ref!r}"])
+    if not ready:
+        fig_file.skipped = "; ".join(skipped)
+        return fig_file
+    colors = model_colors(list(models))
+    fig, axes = grid(1, 2, width=5.5, height=3.8)
+    for model, ds in ready.items():
+        if "prefill_vision_mass" in ds.data_vars:
+            mass = attention.prefill_vision_mass(ds, "text", **options.boot()).sel(condition=ref)
+            band(axes[0, 0], mass.decoder_layer, mass, colors[model], model, marker="o")
+        if "decode_attention" in ds.data_vars:
+            mass = attention.decode_vision_mass(ds, None, **options.boot()).sel(condition=ref)
+            band(axes[0, 1], mass.decoder_layer, mass, colors[model], model, marker="o")
+    axes[0, 0].set(title="prefill: text-token queries\n(mean over heads and text tokens)", xlabel=DECODER_LAYER_LABEL,
+                   ylabel="attention mass on vision keys (probability)")
+    axes[0, 1].set(title="decode: generated-token queries\n(mean over heads and decode steps)",
+                   xlabel=DECODER_LAYER_LABEL, ylabel="attention mass on vision keys (probability)")
+    for ax in axes[0]:
+        ax.set_ylim(bottom=0)
+        ax.legend(title="model", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig_file.path = save(fig, out, fig_file.name)
+    return fig_file
+
+
+register_analysis(Analysis(
+    name="alpha", section="Scaling the projector output (α sweep)",
+    inputs=("hidden", "decode_attention", "logprobs", "prefill_vision_mass"),
+    metrics=(norms.vision_text_ratio, attention.vision_attention_kl, logits.logit_kl, logits.median_rank,
+             attention.prefill_vision_mass, attention.decode_vision_mass),
+    table=alpha_table, figures=(kl_vs_alpha, attention_mass), order=40))
