@@ -6,8 +6,8 @@ environment a launcher sets.
   "OUTPUT ENVIRONMENT VARIABLES"): shard k = ID - MIN of N = COUNT, for a contiguous array.
 - torchrun gives each process RANK and WORLD_SIZE, and LOCAL_RANK / LOCAL_WORLD_SIZE on its node
   (torch/distributed/elastic/agent/server/local_elastic_agent.py, torch 2.13): shard RANK of
-  WORLD_SIZE, and each process is given
-  its own GPUs (`visible_devices`), as torchrun's one process per GPU intends.
+  WORLD_SIZE, and each process is given its own GPUs (`visible_devices`), as torchrun's one
+  process per GPU intends.
 
 Anything else (neither launcher, both at once, a variable missing or not a number, a strided or
 sparse array) is refused, naming the variables, rather than guessed."""
