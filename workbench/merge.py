@@ -12,7 +12,7 @@ import datetime as _dt
 import logging
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import zarr
@@ -125,7 +125,7 @@ def _is_shard_store(path: Path) -> bool:
     return True
 
 
-def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[str], None] = print) -> int:
+def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callable[[str], None] = print) -> int:
     """Merge shard stores into `out` (new, or a merge in progress); returns results written."""
     out = Path(out)
     with _reading(out):
