@@ -125,7 +125,7 @@ def test_auto_reads_a_slurm_array_or_torchrun(environ, expected):
     ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2",
       "SLURM_ARRAY_TASK_MIN": "0"}, ["both", "RANK=0", "SLURM_ARRAY_TASK_ID=0", "--shard k/N"]),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "3"},
-     ["2 process(es)", "1 GPU(s)"]),  # two processes cannot share one GPU each
+     ["2 processes", "1 GPU(s)"]),  # two processes cannot share one GPU each
 ])
 def test_auto_refuses_a_missing_or_contradictory_environment(environ, named):
     with pytest.raises(ShardError) as refused:
@@ -136,7 +136,10 @@ def test_auto_refuses_a_missing_or_contradictory_environment(environ, named):
 def test_torchrun_processes_get_disjoint_gpus():
     node = {"LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert [visible_devices({**node, "LOCAL_RANK": str(i)}) for i in range(2)] == ["4,5", "6,7"]
-    assert visible_devices({"LOCAL_RANK": "3"}) == "3" and visible_devices({}) is None
+    assert visible_devices({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}) == "3"  # unset: process i takes GPU i
+    # one process on its node keeps every GPU (a model spread by device_map); no torchrun: left as is
+    assert visible_devices({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}) is None
+    assert visible_devices({}) is None
 
 
 def test_run_refuses_auto_without_a_launcher_exit_2(launched, clean_environment, capsys):

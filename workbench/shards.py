@@ -86,21 +86,23 @@ def _from_torchrun(environ: Mapping[str, str]) -> Shard:
 
 
 def visible_devices(environ: Mapping[str, str]) -> str | None:
-    """The CUDA_VISIBLE_DEVICES of one torchrun process: an equal, disjoint slice of the node's
-    GPUs per local process (LOCAL_RANK of LOCAL_WORLD_SIZE), so that `--device cuda` in every
-    process does not land on the same GPU. None where torchrun gave no local rank. With
-    CUDA_VISIBLE_DEVICES unset, process i takes GPU i."""
-    if "LOCAL_RANK" not in environ:
-        return None
+    """The CUDA_VISIBLE_DEVICES of one of several torchrun processes on a node: an equal, disjoint
+    slice of the GPUs CUDA_VISIBLE_DEVICES lists, per local process (LOCAL_RANK of
+    LOCAL_WORLD_SIZE), so that `--device cuda` in every process does not land on the same GPU;
+    with CUDA_VISIBLE_DEVICES unset, process i takes GPU i. None (left as is) for a single
+    process on its node, which may spread a model over every GPU (`backend.device_map`)."""
     names = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    local = _integer(environ, "LOCAL_RANK", names)
+    if "LOCAL_RANK" not in environ or "LOCAL_WORLD_SIZE" not in environ:
+        return None
+    local, processes = (_integer(environ, name, names) for name in names)
+    if processes <= 1:
+        return None
     if "CUDA_VISIBLE_DEVICES" not in environ:
         return str(local)
     gpus = [g for g in environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
-    processes = _integer(environ, "LOCAL_WORLD_SIZE", names) if "LOCAL_WORLD_SIZE" in environ else len(gpus)
-    each = len(gpus) // processes if processes > 0 else 0
+    each = len(gpus) // processes
     if each == 0 or not 0 <= local < processes:
-        raise ShardError(f"torchrun started {processes} process(es) on this node and CUDA_VISIBLE_DEVICES lists "
+        raise ShardError(f"torchrun started {processes} processes on this node and CUDA_VISIBLE_DEVICES lists "
                          f"{len(gpus)} GPU(s) ({_listed(environ, [*names, 'CUDA_VISIBLE_DEVICES'])}): "
                          "give each process at least one GPU")
     return ",".join(gpus[local * each:(local + 1) * each])
