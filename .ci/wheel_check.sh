@@ -19,8 +19,11 @@ unset PYTHONPATH VIRTUAL_ENV
 step() { printf '\n== %s\n' "$*"; }
 
 step "build the sdist and the wheel"
+left=$(ls -d "$REPO/build" "$REPO"/*.egg-info 2>/dev/null || true)  # what setuptools may leave beside the sources
 "$PYTHON" -m build --outdir "$WORK/dist" "$REPO" >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
-rm -rf "$REPO/build" "$REPO"/*.egg-info  # what setuptools leaves beside the sources
+for made in "$REPO/build" "$REPO"/*.egg-info; do
+    if [[ -e $made && $'\n'$left$'\n' != *$'\n'$made$'\n'* ]]; then rm -rf "$made"; fi  # only what this build made
+done
 ls "$WORK"/dist
 WHEEL=$(ls "$WORK"/dist/vlm_workbench-*.whl)
 ls "$WORK"/dist/vlm_workbench-*.tar.gz >/dev/null
