@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow install clean-stores
+.PHONY: demo test test-slow wheel-check install clean-stores
 
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
@@ -16,6 +16,12 @@ test: $(STAMP)
 # batching on every family): CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# the package as a user installs it (.ci/wheel_check.sh): the wheel and sdist built, the wheel
+# installed into fresh venvs (the read side alone, without torch; the capture side with [models]),
+# a tiny spec run and its store analysed from there. CI runs it after test-slow.
+wheel-check: $(STAMP)
+	.ci/wheel_check.sh $(BIN)/python
 
 install: $(STAMP)
 

@@ -69,6 +69,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
                         help="modules to import first, each registering its own analyses "
                              "(analyses.register_analysis; importable from this environment), e.g. mylab.analyses")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="compute on the dask.distributed scheduler at ADDRESS (e.g. tcp://10.0.0.5:8786; "
+                             "default: DASK_SCHEDULER_ADDRESS, else local threads); its workers must reach STORE")
 
 
 def did_you_mean(value: str, choices: list[str]) -> str:
@@ -147,20 +150,24 @@ def _options(args: argparse.Namespace):
 
 
 def run_analyze(args: argparse.Namespace) -> int:
+    from .cluster import computing_on, scheduler_address
     from .tables import analyze
 
     load_analyses(args)
     check_arguments(args)
-    sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
+    with computing_on(scheduler_address(args.scheduler)):
+        sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
     return 0
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from .cluster import computing_on, scheduler_address
     from .report import write_report
 
     load_analyses(args)
     check_arguments(args)
-    path = write_report(args.store, args.out, _options(args), args.models)
+    with computing_on(scheduler_address(args.scheduler)):
+        path = write_report(args.store, args.out, _options(args), args.models)
     figures = sorted(p.name for p in path.parent.glob("*.png"))
     print(f"wrote {path} and {len(figures)} figure(s): {', '.join(figures)}")
     return 0

@@ -7,7 +7,10 @@ import json
 import logging
 import signal
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from .shards import Shard
 
 _LOG = logging.getLogger("workbench")
 
@@ -73,13 +76,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_spec, tune_allocator
 
     spec = _load(args)
-    if args.shard is not None:
-        spec = spec.with_overrides(store_path=shard_store_path(str(spec.store.path), args.shard))
+    shard = args.shard.pair() if args.shard is not None else None
+    if shard is not None:
+        from .shards import shard_store_path
+
+        spec = spec.with_overrides(store_path=shard_store_path(str(spec.store.path), shard))
+        if args.shard.source != "argument":
+            _LOG.info(f"shard {shard[0]}/{shard[1]} (from {args.shard.source}) into {spec.store.path}")
+        if args.shard.devices is not None:  # read when CUDA starts, after this point
+            import os
+
+            os.environ["CUDA_VISIBLE_DEVICES"] = args.shard.devices
     tune_allocator()
     quiet = args.quiet
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
-                           progress=not (args.no_progress or quiet), remote=args.remote, shard=args.shard)
+                           progress=not (args.no_progress or quiet), remote=args.remote, shard=shard)
     except RemoteRunError as err:
         if err.exit_code == 2:  # a setup error (no key, a refused version): checked before the store is touched
             raise
@@ -136,31 +148,23 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shard(value: str) -> tuple[int, int]:
-    k, _, n = value.partition("/")
-    if k.isdigit() and n.isdigit() and 0 <= int(k) < int(n):
-        return int(k), int(n)
-    raise argparse.ArgumentTypeError(f"got {value!r}; expected k/N with 0 <= k < N, e.g. 0/4")
+def _shard(value: str) -> Shard:
+    import os
 
+    from .shards import ShardError, parse_shard
 
-def shard_store_path(path: str, shard: tuple[int, int]) -> str:
-    """stores/x.zarr -> stores/x.shard0of4.zarr: each shard writes its own local store. An
-    object store (s3://) is written by every shard at once: its path is kept."""
-    from pathlib import Path
-
-    from .objectstore import is_url
-
-    if is_url(path):
-        return path
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}.shard{shard[0]}of{shard[1]}{p.suffix}"))
+    try:
+        return parse_shard(value, os.environ)
+    except ShardError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from .merge import merge_stores
+    from .merge import merge_arguments, merge_stores
 
-    merge_stores(args.out, args.shards)
-    print(f"next: workbench verify {args.out}   # or: workbench analyze {args.out}")
+    out, shards = merge_arguments(args.out, args.stores)
+    merge_stores(out, shards)
+    print(f"next: workbench verify {out}   # or: workbench analyze {out}")
     return 0
 
 
@@ -237,10 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data", help="data source override, e.g. builtin")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: the spec's, else auto)")
     run.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
-    run.add_argument("--shard", type=_shard, metavar="k/N",
+    run.add_argument("--shard", type=_shard, metavar="k/N|auto",
                      help="run samples k, k+N, k+2N, ... into STORE.shardkofN.zarr (N processes or machines share "
                      "a run; `workbench merge` joins their stores); with an s3:// store, every shard commits to "
-                     "that one store and no merge is needed")
+                     "that one store and no merge is needed. auto: k/N from a SLURM array (SLURM_ARRAY_TASK_ID - "
+                     "SLURM_ARRAY_TASK_MIN of SLURM_ARRAY_TASK_COUNT) or from torchrun (RANK of WORLD_SIZE, each "
+                     "process on its own GPUs by LOCAL_RANK)")
     _limit_options(run)
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--no-table", action="store_true", help="do not print the summary table")
@@ -278,9 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", parents=[common], help="merge the stores of a sharded run (run --shard k/N) into one",
                            description="Merge the stores written by `workbench run SPEC --shard k/N` for k = 0..N-1 "
                            "into OUT, a store equal to a single run's (rows in the same order, labels, identities, "
-                           "and every shard's provenance). Resumes an interrupted merge.")
-    merge.add_argument("out", help="the merged store (new, or a merge in progress)")
-    merge.add_argument("shards", nargs="+", help="the shard stores")
+                           "and every shard's provenance). Resumes an interrupted merge.",
+                           epilog="The older form `workbench merge OUT SHARD...` (no --out) still works when OUT is "
+                           "new or a merge in progress; it is refused when OUT is itself a shard store.")
+    merge.add_argument("stores", nargs="+", metavar="SHARD", help="the shard stores, in any order")
+    merge.add_argument("--out", metavar="OUT", help="the merged store (new, or a merge in progress)")
     merge.set_defaults(func=cmd_merge)
 
     check = sub.add_parser("check", parents=[common], help="does the workbench read this model right? (one sample, PASS/FAIL)",

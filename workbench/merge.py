@@ -9,9 +9,10 @@ where its captures exceed `GATHER_BYTES`): an interrupted merge resumes where it
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import zarr
@@ -22,6 +23,7 @@ from .store import (
 )
 from .writer import GATHER_BYTES, captured_bytes
 
+_LOG = logging.getLogger("workbench.merge")
 _WRITTEN_BY_STORE = {"run_sample", "run_tokens", "run_input", "run_patches"}  # write_sample adds these
 
 
@@ -98,7 +100,32 @@ def _variables(group: zarr.Group, rows_of: dict[str, slice], run: int) -> dict[s
     return out
 
 
-def merge_stores(out: str | Path, shard_paths: list[str | Path], log: Callable[[str], None] = print) -> int:
+def merge_arguments(out: str | None, stores: list[str]) -> tuple[str, list[str]]:
+    """The output and the shards of `workbench merge [--out OUT] STORE...`. Without --out, the
+    older form `merge OUT SHARD...` is read only where it cannot be mistaken: OUT must not be a
+    shard store (`merge s0 s1 s2` would otherwise merge s1 and s2 into s0)."""
+    if out is not None:
+        return out, stores
+    first, rest = stores[0], stores[1:]
+    if _is_shard_store(Path(first)):
+        raise MergeError(f"name the merged store with --out: `workbench merge --out OUT {' '.join(stores)}` "
+                         f"({first} is a shard store, not an output)")
+    if not rest:
+        raise MergeError(f"no shard stores to merge into {first}: `workbench merge --out OUT SHARD...`")
+    _LOG.warning(f"the first argument, {first}, is read as the merged store; "
+                 f"`workbench merge --out {first} SHARD...` says so explicitly")
+    return first, rest
+
+
+def _is_shard_store(path: Path) -> bool:
+    try:
+        _Shard(path)
+    except MergeError:
+        return False
+    return True
+
+
+def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callable[[str], None] = print) -> int:
     """Merge shard stores into `out` (new, or a merge in progress); returns results written."""
     out = Path(out)
     with _reading(out):

@@ -34,7 +34,7 @@ from .sites import VARIABLE_DIMS  # dims of every stored capture, from the site 
 from .store import StoreWriter, Variable
 
 _LOG = logging.getLogger("workbench.runner")
-_VERSIONED = ("workbench", "torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
+_VERSIONED = ("torch", "transformers", "nnsight", "zarr", "xarray", "numpy")
 
 
 @dataclass
@@ -67,7 +67,11 @@ def tune_allocator() -> bool:
 
 
 def package_versions() -> dict[str, str | None]:
-    versions = {}
+    from . import __version__
+
+    # the source's own version: the distribution is named vlm-workbench, and a checkout on
+    # PYTHONPATH has none installed
+    versions: dict[str, str | None] = {"workbench": __version__}
     for name in _VERSIONED:
         try:
             versions[name] = _md.version(name)
