@@ -12,21 +12,25 @@ from typing import Any
 from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, LayerOutputCapture,
                       LogitLensCapture, ModuleOutputCapture, PatchCapture, ResidualCapture)
 from .records import Record
-from .interventions import RUNTIME, build_intervention, needs_source
+from .extend import InterventionKind, intervention_kinds
+from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
-from .spec import CAPTURE_SITES, EDITABLE_SITES, INTERVENTION_SPECS, SpecError
+from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 
 SpecPath = tuple[Any, ...]
+# what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
+ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower"}
+# the sites a `source` condition's values are read at (`workbench.capture.SiteValues`)
+SOURCE_SITES = ("embed", "layer")
 # per-layer sequence sites read by `LayerOutputCapture`
 LAYER_OUTPUT_SITES = ("keys_pre", "attn_out", "mlp_out", "layer.pre_deepstack")
 
 
-def intervention_registry() -> dict[str, tuple[type, type]]:
-    """The intervention registry: kind -> (spec model, runtime class), in the spec's order, joined
-    from `spec.INTERVENTION_SPECS` and `interventions.RUNTIME`; a kind only one half knows is refused."""
-    if list(INTERVENTION_SPECS) != list(RUNTIME):
-        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
-    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
+def build_intervention(kind: InterventionKind, raw: Any, layers: tuple[int, ...] | None) -> Intervention:
+    """The runtime intervention of a validated spec entry (sweep variables already substituted)."""
+    positions = getattr(raw, "positions", "all")
+    positions = positions if isinstance(positions, str) else tuple(positions)
+    return kind.runtime.from_spec(raw, {"site": raw.site, "positions": positions, "layers": layers})
 
 
 class PlanError(SpecError):
@@ -160,6 +164,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
 
 
 def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
+    kinds = intervention_kinds()
     items = []
     base: SpecPath = ("conditions", instance.base, "interventions")
     for j, raw in enumerate(instance.interventions):
@@ -172,20 +177,23 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         if access in ("modules", "patches") and instance.image == "none":
             check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
                       "sequence site (embed, layer) or an image")
-        if raw.kind in ("add", "patch") and access == "patches":
-            check.add(path + ("kind",), f"'{raw.kind}' acts at sequence sites and the projector; expected scale or "
-                      f"zero at {raw.site!r}")
-        if raw.kind == "normalize" and raw.site not in ("projector", "projector.merger"):  # rows of LLM width
-            check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
-        source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
-        if source is not None and raw.site not in ("embed", "layer"):
-            check.add(path + ("site",), "values from another condition are read at sequence sites; expected embed or layer")
+        kind = kinds[raw.kind]
+        if access not in kind.accesses:
+            fits = [k.name for k in kinds.values() if access in k.accesses and (k.sites is None or raw.site in k.sites)]
+            check.add(path + ("kind",), f"'{raw.kind}' acts at {' and '.join(ACCESS_WORDS[a] for a in kind.accesses)}; "
+                      f"expected {' or '.join(fits)} at {raw.site!r}")
+        elif kind.sites is not None and raw.site not in kind.sites:
+            check.add(path + ("site",), f"'{raw.kind}' edits only {' and '.join(kind.sites)}; expected one of them")
+        source = kind.source_of(raw)
+        if source is not None and raw.site not in SOURCE_SITES:  # what `SiteValues` reads
+            check.add(path + ("site",), "values from another condition are read at sequence sites; expected "
+                      f"{' or '.join(SOURCE_SITES)}")
         index = site_entry(raw.site).index
         layers = (check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.layer_range(raw.site),
                                vision=index == "vision_layer") if index else None)
-        if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
-            check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
-        items.append(build_intervention(raw, layers))
+        for subpath, message in kind.check(raw, check.info) if kind.check else ():
+            check.add(path + tuple(subpath), message)
+        items.append(build_intervention(kind, raw, layers))
     _projector_order(instance, check, base)
     _connector_part_order(instance, check, base)
     return tuple(items)

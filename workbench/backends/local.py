@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..capture import CapturePlan, SiteValues, saved_copy
-from ..interventions import Normalize, apply_rows, needs_source
+from ..interventions.base import apply_rows, needs_source
 from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
@@ -198,8 +198,7 @@ def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: Condi
     resolved = []
     inputs = inputs_by_image[condition.image]
     for item in condition.interventions:
-        if isinstance(item, Normalize) and isinstance(item.target, str):
-            item = item.replace(target=model.text_embedding_norm())
+        item = item.resolve(model)
         source = needs_source(item)
         if source:
             reader = SiteValues(item.site, item.layers, item.positions)
