@@ -46,7 +46,11 @@ from workbench.spec import parse_spec  # noqa: E402
 
 from test_remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
 
-SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions/base.py", "sites.py",
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions/base.py",
+                       # every site module; not the package's __init__, which runs on the client only (it imports
+                       # the site modules and derives the spec's lists: none of it travels)
+                       *sorted(f"sites/{p.name}" for p in (Path(workbench.__file__).parent / "sites").glob("*.py")
+                               if p.name != "__init__.py"),
                        "plan.py", "records.py",
                        # the registry and every family file; their client-only tiny_<family>.py never travel
                        *sorted(f"models/architectures/{p.name}" for p in (Path(workbench.__file__).parent / "models"

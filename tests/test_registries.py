@@ -69,6 +69,23 @@ def test_readme_tables_list_the_registered_kinds():
     assert sorted(listed) == sorted(intervention_kinds())   # each kind once, in the order the README explains them
 
 
+def test_every_site_is_one_module_and_the_readme_lists_them():
+    from workbench import sites
+
+    folder = Path(sites.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base", "readers"}
+    assert modules == {name.replace(".", "_") for name in sites.SITES}       # one file per site
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    prose = readme.split("### Sites", 1)[1].split("\n### ", 1)[0]
+    assert set(re.findall(r"`([a-z_.]+)`", prose)) >= set(sites.SITES)       # every site is named there
+    table = readme.split("### Captures", 1)[1].split("\n\n", 2)[1]
+    listed = {name for cell in re.findall(r"^\| ((?:`[a-z_.]+`(?:, )?)+) \|", table, re.M)
+              for name in re.findall(r"`([a-z_.]+)`", cell)}
+    assert listed == set(sites.CAPTURE_SITES)                                # and the captures table, each once
+    for name, entry in sites.SITES.items():
+        assert (entry.capture is not None) == bool(entry.stores), name       # a stored site has its reader
+
+
 def test_analyses_registry_drives_tables_figures_report_and_cli(capsys, monkeypatch):
     from analyses import commands, figures, report, tables
     from analyses.registry import ANALYSES, NAMES

@@ -370,7 +370,11 @@ def test_contract_nnsight_pieces_the_backend_uses():
     assert not hasattr(remote_backend._run_condition, "__wrapped__")
 
 
-SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "sites.py", "plan.py", "records.py",
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "plan.py", "records.py",
+                       # every site module; not the package's __init__, which runs on the client only (it imports
+                       # the site modules and derives the spec's lists: none of it travels)
+                       *sorted(f"sites/{p.name}" for p in (Path(workbench.__file__).parent / "sites").glob("*.py")
+                               if p.name != "__init__.py"),
                        # every intervention kind's module (its runtime class travels)
                        *sorted(f"interventions/{p.name}" for p in (Path(workbench.__file__).parent / "interventions")
                                .glob("*.py")))

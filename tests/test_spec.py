@@ -175,7 +175,7 @@ BAD_SPECS = {
         mutate("site: projector", "site: projektor"),
         "conditions.alpha.interventions[0].site",
         15,
-        "got 'projektor' (str) (did you mean 'projector'?); expected one of 'embed', 'vision'",
+        "got 'projektor' (str) (did you mean 'projector'?); expected one of 'embed', 'embed_table', 'vision_layer', 'vision'",
     ),
     "unknown capture site": (mutate("site: logits", "site: lm_head"), "capture[1].site", 28, "expected one of 'embed'"),
     "unknown intervention kind": (
@@ -256,13 +256,13 @@ BAD_SPECS = {
         mutate("{site: layer, layers: all}", "{site: projector}"),
         "capture[0].site",
         27,
-        "site 'projector' cannot be captured; expected one of embed, vision, vision_layer, layer,",
+        "site 'projector' cannot be captured; expected one of embed, embed_table, vision_layer, vision, keys, layer,",
     ),
     "edit of a site that cannot be edited": (
         mutate("{kind: zero, site: layer, layers: [1]}", "{kind: zero, site: attention, layers: [1]}"),
         "conditions.patched.interventions[1].site",
         24,
-        "site 'attention' cannot be edited by 'zero'; expected one of embed, vision, vision_layer, projector,",
+        "site 'attention' cannot be edited by 'zero'; expected one of embed, vision_layer, vision, projector,",
     ),
     "source cycle": (
         mutate("  blank:\n    image: blank\n", "  blank:\n    image: blank\n    interventions: [{kind: patch, site: embed, from: patched}]\n"),

@@ -1,4 +1,4 @@
-"""Extending the workbench: declare an intervention kind once, in a module of its own.
+"""Extending the workbench: declare an intervention kind or a site once, in a module of its own.
 
 An intervention kind is two classes registered together:
 
@@ -13,6 +13,11 @@ spec accepts it (sweepable fields included), ``workbench validate`` checks it ag
 model, and runs apply it. The built-in kinds are declared this way too, one module each under
 ``workbench/interventions/``. A spec loads other modules with ``plugins: [mylab.interventions]``;
 installed packages may declare theirs under the entry-point group ``workbench.plugins``.
+
+A site is one `Site` record passed to ``register_site`` (see `workbench.sites.base`): where it
+runs, its index and dims, how its value is reached (`tensor`) and the reader a capture of it adds
+(`capture`); the built-in sites are one module each under ``workbench/sites/``. The spec's list of
+sites is fixed when `workbench.spec` is imported, so a new site is a module of that folder.
 
 Kinds declared outside the workbench run locally; a remote run (NDIF) refuses them before any
 job, since only the workbench's own code is shipped to the server.
@@ -30,11 +35,12 @@ from typing import Any, Callable, TypeVar, get_args
 from .errors import BadInputError
 from .interventions.base import Intervention
 from .spec.fields import Layers, Number, NumberOrVar, Positions, Site, Swept
+from .sites import Site, register_site
 from .spec.kinds import InterventionSpec, KindSpec, swept_fields
 
 __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "register_intervention",
            "intervention_kinds", "load_plugin", "Layers", "Number", "NumberOrVar", "Positions", "Site", "Swept",
-           "ENTRY_POINT_GROUP"]
+           "ENTRY_POINT_GROUP", "Site", "register_site"]
 
 ENTRY_POINT_GROUP = "workbench.plugins"
 # how a site's value is reached (`workbench.sites.Site.access`) where an edit can act
@@ -138,7 +144,9 @@ def intervention_kinds() -> dict[str, InterventionKind]:
                 raise BadInputError(f"the plugin {entry.name!r} ({entry.value}) of entry-point group "
                                     f"{ENTRY_POINT_GROUP!r} failed to load ({type(exc).__name__}: {exc}); "
                                     "expected an importable module") from exc
-    return dict(_KINDS)
+    # the built-ins by name (whichever was imported first), then the others as they registered
+    ordered = sorted(_KINDS.values(), key=lambda k: (not k.builtin, k.name if k.builtin else ""))
+    return {k.name: k for k in ordered}
 
 
 def _import_builtins() -> None:

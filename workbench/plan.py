@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, LayerOutputCapture,
-                      LogitLensCapture, ModuleOutputCapture, PatchCapture, ResidualCapture)
+from .capture import CapturePlan, PatchCapture
 from .records import Record
 from .extend import InterventionKind, intervention_kinds
 from .interventions import Intervention, needs_source
@@ -22,8 +21,6 @@ SpecPath = tuple[Any, ...]
 ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower"}
 # the sites a `source` condition's values are read at (`workbench.capture.SiteValues`)
 SOURCE_SITES = ("embed", "layer")
-# per-layer sequence sites read by `LayerOutputCapture`
-LAYER_OUTPUT_SITES = ("keys_pre", "attn_out", "mlp_out", "layer.pre_deepstack")
 
 
 def build_intervention(kind: InterventionKind, raw: Any, layers: tuple[int, ...] | None) -> Intervention:
@@ -119,9 +116,8 @@ class _Checker:
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
-    n = check.info.n_layers
+    """Each `capture` entry's reader, added by its site's declaration (`Site.capture`)."""
     plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
-    kv_layers: dict[str, tuple[int, ...]] = {}
     for i, item in enumerate(spec.capture):
         path = ("capture", i)
         if not check.site(item.site, path + ("site",), CAPTURE_SITES, "captured"):
@@ -129,37 +125,16 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
         if item.positions != "all":
             check.add(path + ("positions",), "captures store every prompt position; expected all "
                       "(select positions when reading the store: ds.sel(modality=...))")
-        if item.site == "layer":
-            plan.residual = ResidualCapture(check.layers(item.layers, path + ("layers",), n))
-        elif item.site == "vision_layer":
-            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site), vision=True)
-            plan.outputs += (PatchCapture(item.site, layers),)
-        elif item.site == "vision":
-            plan.outputs += (PatchCapture(item.site),)
-        elif item.site == "embed_table":
-            plan.outputs += (EmbeddingTableCapture(),)
-        elif item.site == "attention":
-            plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
-        elif item.site in ("keys", "values"):
-            kv_layers[item.site] = check.layers(item.layers, path + ("layers",), n - 1)
-        elif item.site == "logits":
-            plan.logits = True
-        elif item.site in LAYER_OUTPUT_SITES:
-            if item.site == "layer.pre_deepstack" and not check.info.arch.quirks.get("deepstack"):
-                check.add(path + ("site",), f"{check.info.arch.family} has no DeepStack (its h_l has no add to read "
-                          "before); expected layer")
-                continue
-            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site))
-            plan.outputs += (LayerOutputCapture(item.site, layers),)
-        elif item.site == "logit_lens":
-            plan.outputs += (LogitLensCapture(check.layers(item.layers, path + ("layers",), n)),)
-        elif item.site in ("embed", "final_norm"):
-            plan.outputs += (ModuleOutputCapture(item.site),)
-    if kv_layers:
-        layers = tuple(sorted(set().union(*kv_layers.values())))
-        if len(kv_layers) == 2 and kv_layers["keys"] != kv_layers["values"]:
-            check.add(("capture",), "keys and values are captured at different layers; expected the same layers")
-        plan.kv = CachedKVCapture(layers, keys="keys" in kv_layers, values="values" in kv_layers)
+        entry = site_entry(item.site)
+        lacking = entry.check(check.info.arch) if entry.check else None
+        if lacking:
+            check.add(path + ("site",), lacking)
+            continue
+        layers = (check.layers(item.layers, path + ("layers",), check.layer_range(item.site),
+                               vision=entry.index == "vision_layer") if entry.index else None)
+        problem = entry.capture(plan, layers)
+        if problem:
+            check.add(path, problem)
     return plan
 
 
@@ -223,7 +198,7 @@ def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> No
     their outputs (`projector`, `projector.deepstack`) cannot be served after a vision-tower
     site in one trace (nnsight serves requests in execution order, and the workbench orders
     whole sites); refuse the combination here instead of an `OutOfOrderError` mid-run."""
-    if not check.info.arch.quirks.get("deepstack"):
+    if not check.info.arch.deepstack:
         return
     vision = any(isinstance(c, PatchCapture) for c in capture.outputs) or any(
         site_entry(raw.site).access == "patches" for raw in instance.interventions)
@@ -265,7 +240,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
             if (images[swap.donor] == "none") != (instance.image == "none"):
                 check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
                           "(image: none); expected a donor with the same sequence (real or blank image)")
-            if info.arch.quirks.get("prefix_lm"):
+            if info.arch.prefix_lm:
                 check.add(base + ("kv_swap",), f"{info.arch.family} reads the whole prompt as one bidirectional "
                           "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
                           "another model; expected no kv_swap for this model")
