@@ -25,7 +25,7 @@ CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {s
 
 def captures_for(name: str) -> str:
     """Every sequence capture; `layer.pre_deepstack` where the family has DeepStack."""
-    return CAPTURES % (", {site: layer.pre_deepstack}" if model_info(name).arch.quirks.get("deepstack") else "")
+    return CAPTURES % (", {site: layer.pre_deepstack}" if model_info(name).arch.deepstack else "")
 
 
 def conditions_for(name: str) -> str:
@@ -41,7 +41,7 @@ def conditions_for(name: str) -> str:
   addvec: {{interventions: [{{kind: add, site: layer, layers: [1], positions: all, vector: {vector}}}]}}
   patch: {{interventions: [{{kind: patch, site: layer, layers: [1], positions: [0, 1], from: zero}}]}}
   hybrid: {{kv_swap: {{donor: zero, positions: [0, 1, 2], layers: all}}}}"""
-    swap = "" if model_info(name).arch.quirks.get("prefix_lm") else \
+    swap = "" if model_info(name).arch.prefix_lm else \
         "\n  hybrid: {kv_swap: {donor: blank, positions: vision, layers: all}}"
     return f"""
   baseline: {{}}
@@ -267,7 +267,7 @@ def padded_spec(name: str, store: Path, batch_size: int, data: str) -> str:
     # (a DeepStack family's `projector` edits cannot share a run with the vision sites: the plan
     # refuses it; test_vision_tower_sites_batch_like_the_rest batches them across samples)
     arch = model_info(name).arch
-    vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.quirks.get("deepstack") else ""
+    vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.deepstack else ""
     return f"""\
 name: padded-{name}
 models: [{name}]

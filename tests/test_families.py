@@ -135,7 +135,7 @@ def test_modality_labels_match_the_image_token_mask(load_tiny, name):
 def test_kv_swap_with_itself_matches_full_prefill(load_tiny, name):
     model = load_tiny(name)
     conditions = "  baseline: {}\n  self: {kv_swap: {donor: self}}"
-    if model.arch.quirks.get("prefix_lm"):
+    if model.arch.prefix_lm:
         # a bidirectional prompt cannot be split into prefill + decode: refused before running
         with pytest.raises(PlanError, match="bidirectional"):
             plan_for(model, conditions, "[{site: logits}, {site: layer}]")

@@ -46,7 +46,11 @@ from workbench.spec import parse_spec  # noqa: E402
 
 from test_remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
 
-SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions/base.py",
+                       # every site module; not the package's __init__, which runs on the client only (it imports
+                       # the site modules and derives the spec's lists: none of it travels)
+                       *sorted(f"sites/{p.name}" for p in (Path(workbench.__file__).parent / "sites").glob("*.py")
+                               if p.name != "__init__.py"),
                        "plan.py", "records.py",
                        # the registry and every family file; their client-only tiny_<family>.py never travel
                        *sorted(f"models/architectures/{p.name}" for p in (Path(workbench.__file__).parent / "models"
@@ -166,6 +170,30 @@ def test_server_side_modules_import_only_whitelisted_modules():
                 continue
             for name in names:
                 assert name.split(".")[0] in WHITELIST_TOPS, (rel, name)
+
+
+def test_intervention_kinds_ship_only_whitelisted_code():
+    """An intervention kind's module also declares its spec fields (pydantic, client side); what
+    travels is its runtime class: every global its methods name must be a whitelisted module, or
+    a function or class of one, or of workbench (whose modules obey the same rule)."""
+    import inspect
+
+    from workbench.extend import intervention_kinds
+
+    def allowed(module: str) -> bool:
+        return module.split(".")[0] in WHITELIST_TOPS | {"workbench", "builtins"}
+
+    for name, kind in intervention_kinds().items():
+        for cls in kind.runtime.__mro__:
+            if cls.__module__ == "builtins":
+                continue
+            for attribute, member in vars(cls).items():
+                function = getattr(member, "__func__", member)
+                if not inspect.isfunction(function):
+                    continue
+                for used, value in inspect.getclosurevars(function).globals.items():
+                    module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+                    assert module is None or allowed(module), (name, cls.__name__, attribute, used, module)
 
 
 def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp_path):

@@ -2,7 +2,8 @@
 files the README's commands read (specs/, Makefile, pyproject.toml), a `.venv` whose `python` and
 `workbench` run this checkout with the test environment's interpreter, the tiny models of the
 session cache, and no network. `bash` blocks run line by line (each line as written), `python`
-blocks as scripts, `yaml` blocks are validated as specs. The few lines that need what a test cannot
+blocks as scripts, `yaml` blocks are validated as specs; a block whose first line is `# file: PATH` is
+written to PATH instead (a plugin module, a spec the next commands read). The few lines that need what a test cannot
 have (the hub, NDIF, the test suite itself) are listed in EXPECTED with what they must do instead:
 fail with a one-line error, never a traceback."""
 
@@ -40,6 +41,12 @@ EXPECTED = {
 
 def readme_blocks() -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / "README.md").read_text(encoding="utf-8"))]
+
+
+def file_of(text: str) -> str | None:
+    """PATH of a block that opens with `# file: PATH`."""
+    first = text.split("\n", 1)[0]
+    return first[len("# file: "):].strip() if first.startswith("# file: ") else None
 
 
 def command_of(line: str) -> str:
@@ -90,7 +97,10 @@ def test_readme_code_blocks_run_verbatim(sandbox):
     ran = 0
     for number, (lang, text) in enumerate(readme_blocks(), start=1):
         where = f"README block {number} ({lang})"
-        if lang == "yaml":
+        target = file_of(text)
+        if target is not None:
+            (root / target).write_text(text)
+        elif lang == "yaml":
             parse_spec(text, source=where)
         elif lang == "python":
             script = root / f"block_{number}.py"

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 import typing
+from pathlib import Path
 
 import pytest
 
-from workbench import interventions, plan, spec
+from workbench import interventions, spec
+from workbench.extend import intervention_kinds
 from workbench.models.model import model_info
 from workbench.plan import compile_plan
 
@@ -29,28 +31,55 @@ store: {path: unused.zarr}
 """
 
 
-def test_intervention_registry_joins_spec_models_and_runtime_classes():
-    joined = plan.intervention_registry()
-    assert tuple(joined) == spec.INTERVENTION_KINDS == tuple(spec.INTERVENTION_SPECS) == tuple(interventions.RUNTIME)
-    for kind, (model, runtime) in joined.items():
-        assert typing.get_args(model.model_fields["kind"].annotation) == (kind,)   # the model's own tag
-        assert issubclass(runtime, interventions.Intervention)
+def test_every_builtin_kind_is_one_module_registered_like_a_plugin():
+    kinds = intervention_kinds()
+    folder = Path(interventions.__file__).parent
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "base"))
+    assert list(kinds) == modules                              # one file per kind, and the file's name is the kind
+    for name, kind in kinds.items():
+        assert kind.module == f"workbench.interventions.{name}" and kind.builtin and kind.remote
+        assert typing.get_args(kind.spec.model_fields["kind"].annotation) == (name,)   # the model's own tag
+        assert issubclass(kind.runtime, interventions.Intervention)
     # every kind, built through the registry from a parsed spec, is the registered class
     compiled = compile_plan(spec.parse_spec(EVERY_KIND), model_info("tiny-qwen3vl"))
     built = {c.name: c.interventions[0] for c in compiled.conditions if c.interventions}
-    assert set(built) == set(joined)
-    for kind, item in built.items():
-        assert type(item) is joined[kind][1]
+    assert set(built) == set(kinds)
+    for name, item in built.items():
+        assert type(item) is kinds[name].runtime
+
+
+def test_sweepable_fields_come_from_the_kinds_models():
+    swept = {name: kind.swept() for name, kind in intervention_kinds().items()}
+    assert swept == {"add": {"seed": "seed", "norm": "positive", "factor": "number"}, "normalize": {"target": "number"},
+                     "patch": {}, "scale": {"factor": "number"}, "zero": {}}
 
 
 def test_spec_errors_list_the_registered_kinds():
     with pytest.raises(spec.SpecError) as caught:
         spec.parse_spec(EVERY_KIND.replace("kind: zero", "kind: ablate"))
     listed = re.findall(r"'([a-z]+)'", str(caught.value).split("expected one of", 1)[1])
-    assert tuple(listed) == spec.INTERVENTION_KINDS
+    assert tuple(listed) == spec.kind_names() == tuple(intervention_kinds())
 
 
-def test_a_kind_missing_from_one_half_is_refused(monkeypatch):
-    monkeypatch.setattr(plan, "RUNTIME", {k: v for k, v in interventions.RUNTIME.items() if k != "patch"})
-    with pytest.raises(RuntimeError, match="intervention kinds disagree"):
-        plan.intervention_registry()
+def test_readme_tables_list_the_registered_kinds():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Interventions", 1)[1].split("\n### ", 1)[0]
+    listed = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+    assert sorted(listed) == sorted(intervention_kinds())   # each kind once, in the order the README explains them
+
+
+def test_every_site_is_one_module_and_the_readme_lists_them():
+    from workbench import sites
+
+    folder = Path(sites.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base", "readers"}
+    assert modules == {name.replace(".", "_") for name in sites.SITES}       # one file per site
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    prose = readme.split("### Sites", 1)[1].split("\n### ", 1)[0]
+    assert set(re.findall(r"`([a-z_.]+)`", prose)) >= set(sites.SITES)       # every site is named there
+    table = readme.split("### Captures", 1)[1].split("\n\n", 2)[1]
+    listed = {name for cell in re.findall(r"^\| ((?:`[a-z_.]+`(?:, )?)+) \|", table, re.M)
+              for name in re.findall(r"`([a-z_.]+)`", cell)}
+    assert listed == set(sites.CAPTURE_SITES)                                # and the captures table, each once
+    for name, entry in sites.SITES.items():
+        assert (entry.capture is not None) == bool(entry.stores), name       # a stored site has its reader

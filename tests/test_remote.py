@@ -370,12 +370,19 @@ def test_contract_nnsight_pieces_the_backend_uses():
     assert not hasattr(remote_backend._run_condition, "__wrapped__")
 
 
-SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions.py", "sites.py",
-                       "plan.py", "records.py")
+SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "plan.py", "records.py",
+                       # every site module; not the package's __init__, which runs on the client only (it imports
+                       # the site modules and derives the spec's lists: none of it travels)
+                       *sorted(f"sites/{p.name}" for p in (Path(workbench.__file__).parent / "sites").glob("*.py")
+                               if p.name != "__init__.py"),
+                       # every intervention kind's module (its runtime class travels)
+                       *sorted(f"interventions/{p.name}" for p in (Path(workbench.__file__).parent / "interventions")
+                               .glob("*.py")))
 # function-level relative imports cannot travel: none is allowed in server-side code
 KNOWN_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 KNOWN_DECORATED: set[tuple[str, str]] = set()
-HARMLESS_DECORATORS = {"property", "staticmethod", "classmethod", "dataclass"}
+# model_validator: on a kind's spec model (pydantic), which stays on the client
+HARMLESS_DECORATORS = {"property", "staticmethod", "classmethod", "dataclass", "model_validator"}
 
 
 def _functions(tree: ast.Module):
@@ -532,7 +539,7 @@ def test_model_not_served_lists_what_is_served(server, served, tmp_path):
 
 
 def test_error_inside_the_trace_is_not_retried(server, tmp_path, after_first_job, monkeypatch):
-    from workbench.interventions import Scale
+    from workbench.interventions.scale import Scale
 
     def boom(self, x, layer):
         raise ValueError("boom inside the trace")

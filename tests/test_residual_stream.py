@@ -9,7 +9,7 @@ from PIL import Image
 
 from workbench.backends.local import run_condition
 from workbench.capture import CapturePlan, ResidualCapture
-from workbench.interventions import Scale
+from workbench.interventions.scale import Scale
 from workbench.plan import ConditionPlan, ModelPlan
 
 BASELINE = ConditionPlan("baseline", {}, "real", ())

@@ -84,7 +84,7 @@ def test_branches_sum_to_the_next_residual(load_tiny, name):
     h_{l+1} is read after its DeepStack add, so the identity holds with the h_{l+1} before it."""
     model = load_tiny(name)
     inputs = _inputs(model)
-    deepstack = bool(model.arch.quirks.get("deepstack"))
+    deepstack = model.arch.deepstack
     sites = ("attn_out", "mlp_out") + (("layer.pre_deepstack",) if deepstack else ())
     stored = _captured(model, inputs, sites)
     h = stored["hidden"]

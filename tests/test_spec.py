@@ -175,20 +175,20 @@ BAD_SPECS = {
         mutate("site: projector", "site: projektor"),
         "conditions.alpha.interventions[0].site",
         15,
-        "got 'projektor' (str) (did you mean 'projector'?); expected one of 'embed', 'vision'",
+        "got 'projektor' (str) (did you mean 'projector'?); expected one of 'embed', 'embed_table', 'vision_layer', 'vision'",
     ),
     "unknown capture site": (mutate("site: logits", "site: lm_head"), "capture[1].site", 28, "expected one of 'embed'"),
     "unknown intervention kind": (
         mutate("kind: zero", "kind: ablate"),
         "conditions.patched.interventions[1].kind",
         24,
-        "got 'ablate' (str); expected one of 'scale', 'zero', 'add', 'patch', 'normalize'",
+        "got 'ablate' (str); expected one of 'add', 'normalize', 'patch', 'scale', 'zero'",
     ),
     "missing intervention kind": (
         mutate("{kind: zero, site", "{site"),
         "conditions.patched.interventions[1].kind",
         24,
-        "missing required field 'kind'; expected one of 'scale'",
+        "missing required field 'kind'; expected one of 'add'",
     ),
     "unknown model": (
         mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "smolvlm]"),
@@ -256,13 +256,13 @@ BAD_SPECS = {
         mutate("{site: layer, layers: all}", "{site: projector}"),
         "capture[0].site",
         27,
-        "site 'projector' cannot be captured; expected one of embed, vision, vision_layer, layer,",
+        "site 'projector' cannot be captured; expected one of embed, embed_table, vision_layer, vision, keys, layer,",
     ),
     "edit of a site that cannot be edited": (
         mutate("{kind: zero, site: layer, layers: [1]}", "{kind: zero, site: attention, layers: [1]}"),
         "conditions.patched.interventions[1].site",
         24,
-        "site 'attention' cannot be edited by 'zero'; expected one of embed, vision, vision_layer, projector,",
+        "site 'attention' cannot be edited by 'zero'; expected one of embed, vision_layer, vision, projector,",
     ),
     "source cycle": (
         mutate("  blank:\n    image: blank\n", "  blank:\n    image: blank\n    interventions: [{kind: patch, site: embed, from: patched}]\n"),
@@ -366,7 +366,7 @@ def test_every_problem_is_listed():
     assert lines[1:] == [
         "  bad.yaml:6: data.n: got -1 (int); expected an integer >= 1",
         "  bad.yaml:28: capture[1].site: got 'nope' (str); expected one of " + ", ".join(f"'{s}'" for s in KNOWN_SITES),
-        "  bad.yaml:32: junk: unknown field 'junk'; expected one of: name, description, models, data, conditions, "
+        "  bad.yaml:32: junk: unknown field 'junk'; expected one of: name, description, plugins, models, data, conditions, "
         "capture, generate, store, backend, analysis, limits",
     ]
 
@@ -540,10 +540,10 @@ def test_a_deep_acyclic_source_chain_is_valid():
 
 
 def test_capturable_and_editable_sites_agree_with_the_plan():
-    from workbench import interventions, plan, spec
+    from workbench import plan, sites, spec
 
     # both derived from the registry (workbench.sites); the spec adds the families' connector parts
-    assert spec.EDITABLE_SITES == interventions.EDITABLE_SITES + spec.PART_SITES
+    assert spec.EDITABLE_SITES == sites.EDITABLE_SITES + spec.PART_SITES
     assert plan.CAPTURE_SITES is spec.CAPTURE_SITES
     assert "vision" in spec.CAPTURE_SITES and "vision_layer" in spec.EDITABLE_SITES
 

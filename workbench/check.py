@@ -67,7 +67,7 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
     from .backends.local import run_condition
     from .capture import CapturePlan, ResidualCapture
     from .data import builtin_samples
-    from .interventions import Scale
+    from .interventions.scale import Scale
     from .models.model import load_model
     from .plan import ConditionPlan, ModelPlan
 

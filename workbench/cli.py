@@ -48,6 +48,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     n_conditions = spec_condition_count(spec)  # counted, not expanded
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
+    if spec.plugins:
+        from .extend import intervention_kinds
+
+        kinds = intervention_kinds().values()
+        print("  plugins: " + ", ".join(f"{name} ({', '.join(k.name for k in kinds if k.module == name) or 'no kinds'})"
+                                       for name in spec.plugins))
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")

@@ -9,24 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from .capture import (AttentionCapture, CachedKVCapture, CapturePlan, EmbeddingTableCapture, LayerOutputCapture,
-                      LogitLensCapture, ModuleOutputCapture, PatchCapture, ResidualCapture)
+from .capture import CapturePlan, PatchCapture
 from .records import Record
-from .interventions import RUNTIME, build_intervention, needs_source
+from .extend import InterventionKind, intervention_kinds
+from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
-from .spec import CAPTURE_SITES, EDITABLE_SITES, INTERVENTION_SPECS, SpecError
+from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 
 SpecPath = tuple[Any, ...]
-# per-layer sequence sites read by `LayerOutputCapture`
-LAYER_OUTPUT_SITES = ("keys_pre", "attn_out", "mlp_out", "layer.pre_deepstack")
+# what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
+ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower"}
+# the sites a `source` condition's values are read at (`workbench.capture.SiteValues`)
+SOURCE_SITES = ("embed", "layer")
 
 
-def intervention_registry() -> dict[str, tuple[type, type]]:
-    """The intervention registry: kind -> (spec model, runtime class), in the spec's order, joined
-    from `spec.INTERVENTION_SPECS` and `interventions.RUNTIME`; a kind only one half knows is refused."""
-    if list(INTERVENTION_SPECS) != list(RUNTIME):
-        raise RuntimeError(f"intervention kinds disagree: spec {list(INTERVENTION_SPECS)}, runtime {list(RUNTIME)}")
-    return {kind: (INTERVENTION_SPECS[kind], RUNTIME[kind]) for kind in INTERVENTION_SPECS}
+def build_intervention(kind: InterventionKind, raw: Any, layers: tuple[int, ...] | None) -> Intervention:
+    """The runtime intervention of a validated spec entry (sweep variables already substituted)."""
+    positions = getattr(raw, "positions", "all")
+    positions = positions if isinstance(positions, str) else tuple(positions)
+    return kind.runtime.from_spec(raw, {"site": raw.site, "positions": positions, "layers": layers})
 
 
 class PlanError(SpecError):
@@ -115,9 +116,8 @@ class _Checker:
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
-    n = check.info.n_layers
+    """Each `capture` entry's reader, added by its site's declaration (`Site.capture`)."""
     plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
-    kv_layers: dict[str, tuple[int, ...]] = {}
     for i, item in enumerate(spec.capture):
         path = ("capture", i)
         if not check.site(item.site, path + ("site",), CAPTURE_SITES, "captured"):
@@ -125,41 +125,21 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
         if item.positions != "all":
             check.add(path + ("positions",), "captures store every prompt position; expected all "
                       "(select positions when reading the store: ds.sel(modality=...))")
-        if item.site == "layer":
-            plan.residual = ResidualCapture(check.layers(item.layers, path + ("layers",), n))
-        elif item.site == "vision_layer":
-            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site), vision=True)
-            plan.outputs += (PatchCapture(item.site, layers),)
-        elif item.site == "vision":
-            plan.outputs += (PatchCapture(item.site),)
-        elif item.site == "embed_table":
-            plan.outputs += (EmbeddingTableCapture(),)
-        elif item.site == "attention":
-            plan.attention = AttentionCapture(check.layers(item.layers, path + ("layers",), n - 1))
-        elif item.site in ("keys", "values"):
-            kv_layers[item.site] = check.layers(item.layers, path + ("layers",), n - 1)
-        elif item.site == "logits":
-            plan.logits = True
-        elif item.site in LAYER_OUTPUT_SITES:
-            if item.site == "layer.pre_deepstack" and not check.info.arch.quirks.get("deepstack"):
-                check.add(path + ("site",), f"{check.info.arch.family} has no DeepStack (its h_l has no add to read "
-                          "before); expected layer")
-                continue
-            layers = check.layers(item.layers, path + ("layers",), check.layer_range(item.site))
-            plan.outputs += (LayerOutputCapture(item.site, layers),)
-        elif item.site == "logit_lens":
-            plan.outputs += (LogitLensCapture(check.layers(item.layers, path + ("layers",), n)),)
-        elif item.site in ("embed", "final_norm"):
-            plan.outputs += (ModuleOutputCapture(item.site),)
-    if kv_layers:
-        layers = tuple(sorted(set().union(*kv_layers.values())))
-        if len(kv_layers) == 2 and kv_layers["keys"] != kv_layers["values"]:
-            check.add(("capture",), "keys and values are captured at different layers; expected the same layers")
-        plan.kv = CachedKVCapture(layers, keys="keys" in kv_layers, values="values" in kv_layers)
+        entry = site_entry(item.site)
+        lacking = entry.check(check.info.arch) if entry.check else None
+        if lacking:
+            check.add(path + ("site",), lacking)
+            continue
+        layers = (check.layers(item.layers, path + ("layers",), check.layer_range(item.site),
+                               vision=entry.index == "vision_layer") if entry.index else None)
+        problem = entry.capture(plan, layers)
+        if problem:
+            check.add(path, problem)
     return plan
 
 
 def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
+    kinds = intervention_kinds()
     items = []
     base: SpecPath = ("conditions", instance.base, "interventions")
     for j, raw in enumerate(instance.interventions):
@@ -172,20 +152,23 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         if access in ("modules", "patches") and instance.image == "none":
             check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
                       "sequence site (embed, layer) or an image")
-        if raw.kind in ("add", "patch") and access == "patches":
-            check.add(path + ("kind",), f"'{raw.kind}' acts at sequence sites and the projector; expected scale or "
-                      f"zero at {raw.site!r}")
-        if raw.kind == "normalize" and raw.site not in ("projector", "projector.merger"):  # rows of LLM width
-            check.add(path + ("site",), "normalize rescales projector output tokens; expected projector or projector.merger")
-        source = getattr(raw, "from_", None) or getattr(raw, "direction_from", None)
-        if source is not None and raw.site not in ("embed", "layer"):
-            check.add(path + ("site",), "values from another condition are read at sequence sites; expected embed or layer")
+        kind = kinds[raw.kind]
+        if access not in kind.accesses:
+            fits = [k.name for k in kinds.values() if access in k.accesses and (k.sites is None or raw.site in k.sites)]
+            check.add(path + ("kind",), f"'{raw.kind}' acts at {' and '.join(ACCESS_WORDS[a] for a in kind.accesses)}; "
+                      f"expected {' or '.join(fits)} at {raw.site!r}")
+        elif kind.sites is not None and raw.site not in kind.sites:
+            check.add(path + ("site",), f"'{raw.kind}' edits only {' and '.join(kind.sites)}; expected one of them")
+        source = kind.source_of(raw)
+        if source is not None and raw.site not in SOURCE_SITES:  # what `SiteValues` reads
+            check.add(path + ("site",), "values from another condition are read at sequence sites; expected "
+                      f"{' or '.join(SOURCE_SITES)}")
         index = site_entry(raw.site).index
         layers = (check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.layer_range(raw.site),
                                vision=index == "vision_layer") if index else None)
-        if raw.kind == "add" and raw.vector is not None and len(raw.vector) != check.info.hidden_size:
-            check.add(path + ("vector",), f"a vector of {len(raw.vector)} numbers; expected {check.info.hidden_size} (the model width)")
-        items.append(build_intervention(raw, layers))
+        for subpath, message in kind.check(raw, check.info) if kind.check else ():
+            check.add(path + tuple(subpath), message)
+        items.append(build_intervention(kind, raw, layers))
     _projector_order(instance, check, base)
     _connector_part_order(instance, check, base)
     return tuple(items)
@@ -215,7 +198,7 @@ def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> No
     their outputs (`projector`, `projector.deepstack`) cannot be served after a vision-tower
     site in one trace (nnsight serves requests in execution order, and the workbench orders
     whole sites); refuse the combination here instead of an `OutOfOrderError` mid-run."""
-    if not check.info.arch.quirks.get("deepstack"):
+    if not check.info.arch.deepstack:
         return
     vision = any(isinstance(c, PatchCapture) for c in capture.outputs) or any(
         site_entry(raw.site).access == "patches" for raw in instance.interventions)
@@ -257,7 +240,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
             if (images[swap.donor] == "none") != (instance.image == "none"):
                 check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
                           "(image: none); expected a donor with the same sequence (real or blank image)")
-            if info.arch.quirks.get("prefix_lm"):
+            if info.arch.prefix_lm:
                 check.add(base + ("kv_swap",), f"{info.arch.family} reads the whole prompt as one bidirectional "
                           "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
                           "another model; expected no kv_swap for this model")

@@ -560,7 +560,7 @@ def _execute_window(model: ClientModel, samples: list[tuple[Any, LazyInputs, lis
             for condition in conditions]
     groups = group_rows([(inputs_by_image, condition) for _, inputs_by_image, condition in jobs], plan.batch_size,
                         model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
-                        bool(model.arch.quirks.get("deepstack")))
+                        model.arch.deepstack)
     for group in groups:
         rows = [jobs[i] for i in group]
         ids = list(dict.fromkeys(sample.id for sample, _, _ in rows))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..capture import CapturePlan, SiteValues, saved_copy
-from ..interventions import Normalize, apply_rows, needs_source
+from ..interventions.base import apply_rows, needs_source
 from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
@@ -159,7 +159,7 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
 
     Right-padded rows (`prompt_mask`: the prompt forward's (batch, longest) mask): every row's
     new token sits after the pads in the cache, so the mask hides the pads and the positions are
-    each row's own, n + step - 1 (PaliGemma's are 1-based: `quirks["position_offset"]`). M-RoPE
+    each row's own, n + step - 1 (PaliGemma's are 1-based: `Architecture.position_offset`). M-RoPE
     families after a prompt with an image add the rope delta the prompt forward kept per row
     (`rope_deltas`), as the model does when it counts from the cache (its own mask-based count
     returns every key's position, not the new token's). Plain (batch, 1) ids: a generated token's
@@ -170,8 +170,8 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
         return encoding
     generated = prompt_mask.new_ones(prompt_mask.shape[0], step)
     encoding["attention_mask"] = torch.cat([prompt_mask, generated], dim=1)
-    positions = prompt_mask.sum(dim=1, keepdim=True) + (step - 1 + int(model.arch.quirks.get("position_offset", 0)))
-    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.quirks.get("mrope") else None
+    positions = prompt_mask.sum(dim=1, keepdim=True) + (step - 1 + model.arch.position_offset)
+    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.mrope else None
     if deltas is not None:
         positions = positions + deltas.to(positions.device)
     encoding["position_ids"] = positions
@@ -198,8 +198,7 @@ def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: Condi
     resolved = []
     inputs = inputs_by_image[condition.image]
     for item in condition.interventions:
-        if isinstance(item, Normalize) and isinstance(item.target, str):
-            item = item.replace(target=model.text_embedding_norm())
+        item = item.resolve(model)
         source = needs_source(item)
         if source:
             reader = SiteValues(item.site, item.layers, item.positions)
@@ -237,7 +236,7 @@ def pad_requirements(model: ModelLike) -> tuple:
     `token_type_ids`: unpadded, sdpa then runs its prompt with no mask at all (bidirectional, as
     its attention is not causal), which a padding mask would turn causal (measured: 0.07 apart
     after one layer), so such rows are batched only with rows of their own length."""
-    return ("token_type_ids",) if model.arch.quirks.get("prefix_lm") else ()
+    return ("token_type_ids",) if model.arch.prefix_lm else ()
 
 
 def _edit_kinds(condition: ConditionPlan) -> set[str]:
@@ -327,7 +326,7 @@ def unbatched_notes(model: ModelLike, plan: ModelPlan) -> list[str]:
     if pad_requirements(model):
         notes.append(f"note: {name}: runs without an image are batched only with runs of their own length (no "
                      "token_type_ids: unpadded, sdpa runs the prompt unmasked, which a padding mask would change)")
-    if arch.quirks.get("deepstack"):
+    if arch.deepstack:
         notes.append(f"note: {name}: a run editing `projector` (DeepStack mergers, inside the vision tower) and one "
                      "editing vision / vision_layer never share a forward (nnsight serves sites in execution order)")
     limit = padding_limit(model, plan.capture)
@@ -379,7 +378,7 @@ def run_conditions(model: ModelLike, inputs_by_image: dict[str, Any], conditions
     result equals its unbatched `run_condition` (to float rounding)."""
     results = {}
     for group in batches(inputs_by_image, conditions, batch_size, model.arch.per_token_keys,
-                         bool(model.arch.quirks.get("deepstack"))):
+                         model.arch.deepstack):
         for condition, result in zip(group, run_batch(model, inputs_by_image, group, plan, on_trace)):
             results[condition.name] = result
     return {c.name: results[c.name] for c in conditions}

@@ -369,10 +369,27 @@ def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
 def prepare_remote(plans: list[Any], config: RemoteConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every check a remote run makes before its store is touched: the API key, the versions,
     each model served. Returns model id -> its `RemoteModel`."""
+    refuse_local_kinds(plans)
     if config.simulated:
         return {}
     require_key(config)
     return {plan.info.model_id: load_remote_model(plan.info, config, log=log) for plan in plans}
+
+
+def refuse_local_kinds(plans: list[Any]) -> None:
+    """Intervention kinds whose code cannot travel (a plugin's: only the workbench's own modules
+    are shipped by value, `shipped_by_value`) are refused before any job."""
+    from ..extend import kind_of
+
+    for plan in plans:
+        for condition in plan.conditions:
+            for item in condition.interventions:
+                kind = kind_of(item)
+                if kind is not None and not kind.remote:
+                    raise RemoteSetupError(
+                        f"condition {condition.name!r}: intervention kind {kind.name!r} comes from plugin module "
+                        f"{kind.module!r}, whose code is not shipped to NDIF; expected built-in kinds only "
+                        "in a remote run", hint="run this spec locally (without --remote)")
 
 
 def require_key(config: RemoteConfig) -> str:

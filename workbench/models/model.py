@@ -322,7 +322,7 @@ class WorkbenchModel:
 
     def prepare(self) -> None:
         """Per-run state the family keeps between forwards (Qwen3-VL caches M-RoPE deltas)."""
-        if self.arch.quirks.get("mrope"):
+        if self.arch.mrope:
             self.hf.model.rope_deltas = None
 
 

@@ -36,7 +36,7 @@ class ModelLike(Protocol):
 
     @property
     def arch(self) -> Architecture:
-        """The family's module paths and quirks."""
+        """The family's module paths and quirks (`Architecture`)."""
 
     @property
     def device(self) -> str | torch.device:

@@ -13,6 +13,8 @@ The package, one concern a module (the flow of :func:`parse_spec`):
 - ``yaml_lines``: YAML with line numbers (safe composer, plain data, each path's line);
 - ``sizes``: the conditions and samples a spec asks for, counted before anything expands, and their limits;
 - ``fields``: the vocabulary (sites, models, data sources, ...) and one validator per kind of field;
+- ``kinds``: the bases of an intervention kind's fields, and the validator that finds an entry's kind
+  in the registry (`workbench.extend`);
 - ``schema``: the pydantic models, the checks across fields and the expansion of sweeps;
 - ``translate``: pydantic errors into located problems with "did you mean";
 - ``problems``: :class:`Problem`, :class:`SpecError` and the phrases of every message;
@@ -54,10 +56,8 @@ from .fields import (  # noqa: F401  (re-exported)
 from .loading import load_spec, parse_spec
 from .problems import Problem, SpecError, SpecPath  # noqa: F401
 from .sizes import Limits  # noqa: F401
+from .kinds import InterventionSpec, KindSpec, kind_names  # noqa: F401
 from .schema import (  # noqa: F401
-    INTERVENTION_KINDS,
-    INTERVENTION_SPECS,
-    AddIntervention,
     AnalysisSpec,
     BackendSpec,
     CaptureSpec,
@@ -65,14 +65,9 @@ from .schema import (  # noqa: F401
     ConditionInstance,
     DataSpec,
     GenerateSpec,
-    Intervention,
     KVSwap,
-    NormalizeIntervention,
-    PatchIntervention,
-    ScaleIntervention,
     Spec,
     StoreSpec,
-    ZeroIntervention,
 )
 
 __all__ = [
@@ -85,11 +80,8 @@ __all__ = [
     "DataSpec",
     "Condition",
     "ConditionInstance",
-    "ScaleIntervention",
-    "ZeroIntervention",
-    "AddIntervention",
-    "PatchIntervention",
-    "NormalizeIntervention",
+    "KindSpec",
+    "InterventionSpec",
     "KVSwap",
     "CaptureSpec",
     "GenerateSpec",

@@ -56,6 +56,18 @@ _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
+class Swept:
+    """An `Annotated` marker: the field may hold a '$variable' of the condition's sweep, whose
+    values must each be `kind` (a key of `workbench.spec.schema._SWEEP_KINDS`: "number",
+    "seed", "positive", ...)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"Swept({self.kind!r})"
+
+
 # --------------------------------------------------------------------------- field validators
 # Custom validators give one clear "got ...; expected ..." message per field instead of
 # pydantic's per-union-member noise.  They report through a single custom error type whose
@@ -266,7 +278,7 @@ def _distinct_values(values: list[float]) -> list[float]:
 
 
 Number = Annotated[float, PlainValidator(_number)]
-NumberOrVar = Annotated[Union[float, str], PlainValidator(_number_or_var)]
+NumberOrVar = Annotated[Union[float, str], PlainValidator(_number_or_var), Swept("number")]
 Positions = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[int]], PlainValidator(_positions)]
 Layers = Annotated[Union[Literal["all"], list[int]], PlainValidator(_layers)]
 Site = Annotated[Literal[KNOWN_SITES], _one_of(KNOWN_SITES)]

@@ -1,5 +1,5 @@
-"""The spec schema: the pydantic models (:class:`Spec` and its sections, one model per
-intervention kind in :data:`INTERVENTION_SPECS`), the checks across fields (condition references,
+"""The spec schema: the pydantic models (:class:`Spec` and its sections; each intervention entry
+is validated by its kind's model, declared in `workbench.extend`), the checks across fields (condition references,
 source cycles, site roles, sweep name clashes) and the expansion of sweeps into
 :class:`ConditionInstance`s."""
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterable, Literal, Sequence, Union
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     PrivateAttr,
@@ -23,22 +22,17 @@ from pydantic import (
 
 from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from .fields import (
-    ADD_DIRECTIONS,
     CAPTURE_SITES,
     DATA_SOURCES,
     DATBENCH_CONFIGS,
     EDITABLE_SITES,
     IMAGE_MODES,
     KV_PART_SETS,
-    RANDOM_NORMS,
-    _VAR_REF_RE,
     ConditionName,
     Layers,
     ModelRef,
     NonNegativeFloat,
     NonNegativeInt,
-    Number,
-    NumberOrVar,
     PathString,
     Positions,
     PositiveInt,
@@ -46,24 +40,31 @@ from .fields import (
     SpecName,
     SweepValues,
     VarName,
-    _as_float,
     _fail,
     _fail_many,
     _is_number,
     _kv_parts,
-    _normalize_target,
     _one_of,
     _swap_layers,
     _unique_models,
 )
+from .kinds import InterventionEntry
+from .kinds import SpecModel as _Model
 from .problems import Problem, SpecPath, _did_you_mean, _dotted, _got, _quoted
 from .sizes import Limits, check_data_sizes
 from .yaml_lines import _line_of
 
 
-class _Model(BaseModel):
-    # strict: "3" is not an int and true is not a number; forbid: typos are errors.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+def intervention_kinds() -> dict[str, Any]:
+    from ..extend import intervention_kinds as kinds  # the registry imports this package
+
+    return kinds()
+
+
+def load_plugin(name: str) -> str | None:
+    from ..extend import load_plugin as load
+
+    return load(name)
 
 
 class DataSpec(_Model):
@@ -96,97 +97,25 @@ class DataSpec(_Model):
         return self
 
 
-class _Intervention(_Model):
-    kind: str  # narrowed to a Literal by each kind; declared here so it is listed first
+def _swept(intervention: Any) -> dict[str, str]:
+    """{field: what its sweep values must be} of an intervention entry's kind (`workbench.extend`)."""
+    return intervention_kinds()[intervention.kind].swept()
 
 
-class _SiteIntervention(_Intervention):
-    site: Site
-    positions: Positions = "all"
-    layers: Layers = "all"  # only meaningful for per-layer sites
+def _plugin(value: Any) -> str:
+    """A `plugins` entry: a module name, imported now (its kinds declare themselves before the
+    conditions that use them are validated)."""
+    if not isinstance(value, str) or not _MODULE_RE.fullmatch(value):
+        _fail(f"{_got(value)}; expected a Python module name such as mylab.interventions")
+    problem = load_plugin(value)
+    if problem:
+        _fail(f"cannot import plugin module {value!r} ({problem}); expected a module importable from "
+              "this Python environment or the current directory")
+    return value
 
 
-class ScaleIntervention(_SiteIntervention):
-    kind: Literal["scale"]
-    factor: NumberOrVar
-
-
-class ZeroIntervention(_SiteIntervention):
-    kind: Literal["zero"]
-
-
-def _seed_or_var(value: Any) -> int | str:
-    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    _fail(f"{_got(value)}; expected a seed (an integer >= 0) or a '$variable'")
-
-
-def _random_norm(value: Any) -> float | str:
-    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
-        return value
-    number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
-    if number <= 0:
-        _fail(f"{_got(value)}; expected a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
-    return number
-
-
-class AddIntervention(_SiteIntervention):
-    kind: Literal["add"]
-    vector: list[Number] | None = None
-    direction_from: ConditionName | None = None
-    # the control for both: a seeded random unit direction u, scaled to `norm` per token
-    direction: Annotated[Literal["random"], _one_of(ADD_DIRECTIONS)] | None = None
-    seed: Annotated[Union[int, str], PlainValidator(_seed_or_var)] = 0
-    norm: Annotated[Union[float, str], PlainValidator(_random_norm)] = "matched"
-    factor: NumberOrVar = 1.0
-
-    @model_validator(mode="after")
-    def _one_direction(self) -> "AddIntervention":
-        given = [name for name in ("vector", "direction_from", "direction") if getattr(self, name) is not None]
-        if len(given) != 1:
-            what = "none" if not given else " and ".join(repr(g) for g in given)
-            _fail(f"{what} of 'vector', 'direction_from', 'direction' given; expected exactly one of them "
-                  "(a vector, a condition's mean difference, or direction: random)")
-        if self.vector is not None and not self.vector:
-            _fail("got an empty list; expected a non-empty vector", "vector")
-        if self.direction is None:  # (a dumped spec carries the defaults: only other values are refused)
-            for name in ("seed", "norm"):
-                if getattr(self, name) != type(self).model_fields[name].default:
-                    _fail(f"'{name}' is only used with 'direction: random'; expected no '{name}' here", name)
-        return self
-
-
-class PatchIntervention(_SiteIntervention):
-    kind: Literal["patch"]
-    from_: ConditionName = Field(alias="from")
-
-
-class NormalizeIntervention(_Intervention):
-    kind: Literal["normalize"]
-    site: Site = "projector"
-    target: Annotated[Union[float, str], PlainValidator(_normalize_target)] = "text_embedding_mean"
-
-
-# The spec half of the intervention registry: kind -> spec model. `workbench.interventions.RUNTIME`
-# maps the same kinds to the classes that run them (a test keeps the two equal); the list of
-# kinds, the union pydantic validates against and the error messages all derive from this.
-INTERVENTION_SPECS: dict[str, type[_Intervention]] = {
-    "scale": ScaleIntervention,
-    "zero": ZeroIntervention,
-    "add": AddIntervention,
-    "patch": PatchIntervention,
-    "normalize": NormalizeIntervention,
-}
-INTERVENTION_KINDS = tuple(INTERVENTION_SPECS)
-
-Intervention = Annotated[Union[tuple(INTERVENTION_SPECS.values())], Field(discriminator="kind")]
-
-# Fields that may hold a "$var" reference, per intervention kind.
-_NUMERIC_FIELDS = {"scale": ("factor",), "add": ("factor", "seed", "norm"), "normalize": ("target",)}
-# Numeric fields whose sweep values must be more than numbers (what _SWEEP_KINDS calls them).
-_SWEPT_FIELD_KINDS = {("add", "seed"): "seed", ("add", "norm"): "positive"}
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+PluginName = Annotated[str, PlainValidator(_plugin)]
 
 
 class KVSwap(_Model):
@@ -201,7 +130,7 @@ class KVSwap(_Model):
 class Condition(_Model):
     sweep: dict[VarName, SweepValues] = {}
     image: Annotated[Literal["real", "blank", "none"], _one_of(IMAGE_MODES)] = "real"
-    interventions: list[Intervention] = []
+    interventions: list[InterventionEntry] = []
     kv_swap: KVSwap | None = None
 
     @model_validator(mode="before")
@@ -240,9 +169,9 @@ def _is_var(value: Any) -> bool:
 def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
     """(path in the condition, '$variable', what it must hold) of every sweep reference."""
     for i, intervention in enumerate(condition.interventions):
-        for name in _NUMERIC_FIELDS.get(intervention.kind, ()):
+        for name, wants in _swept(intervention).items():
             if _is_var(value := getattr(intervention, name)):
-                yield ("interventions", i, name), value, _SWEPT_FIELD_KINDS.get((intervention.kind, name), "number")
+                yield ("interventions", i, name), value, wants
     swap = condition.kv_swap
     if swap is not None:
         if _is_var(swap.parts):
@@ -338,7 +267,7 @@ def _instance_name(assignment: dict[str, float]) -> str:
 def _substitute(intervention: Any, assignment: dict[str, float]) -> Any:
     updates = {
         name: assignment[value[1:]]
-        for name in _NUMERIC_FIELDS.get(intervention.kind, ())
+        for name in _swept(intervention)
         if isinstance(value := getattr(intervention, name), str) and value.startswith("$")
     }
     return intervention.model_copy(update=updates) if updates else intervention
@@ -379,6 +308,9 @@ def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
 class Spec(_Model):
     name: SpecName
     description: str | None = None
+    # modules declaring intervention kinds (workbench.extend), imported before `conditions`
+    # (pydantic validates fields in this order)
+    plugins: list[PluginName] = []
     models: Annotated[list[ModelRef], Field(min_length=1), AfterValidator(_unique_models)]
     data: DataSpec = Field(default_factory=DataSpec)
     conditions: Annotated[dict[ConditionName, Condition], Field(min_length=1)]
@@ -406,6 +338,7 @@ class Spec(_Model):
     def _cross_references(self) -> "Spec":
         problems = _reference_problems(self.conditions) + _name_clash_problems(self.conditions)
         problems += _site_role_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
+        problems += _remote_kind_problems(self)
         if problems:
             _fail_many(problems)
         return self
@@ -480,11 +413,7 @@ def _reference_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath
     problems = []
     for name, cond in conditions.items():
         refs: list[tuple[SpecPath, str, bool]] = []  # (sub-path, target, may be self)
-        for i, iv in enumerate(cond.interventions):
-            if iv.kind == "patch":
-                refs.append((("interventions", i, "from"), iv.from_, False))
-            elif iv.kind == "add" and iv.direction_from is not None:
-                refs.append((("interventions", i, "direction_from"), iv.direction_from, False))
+        refs += [(subpath, target, False) for subpath, target in _condition_sources(cond)]
         if cond.kv_swap is not None:
             refs.append((("kv_swap", "donor"), cond.kv_swap.donor, True))
         for subpath, target, self_ok in refs:
@@ -522,14 +451,28 @@ def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
     return problems
 
 
+def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
+    """A remote backend runs only kinds whose code travels to NDIF (the workbench's own);
+    `workbench.backends.remote` refuses the same for `--remote`."""
+    if spec.backend.kind != "remote":
+        return []
+    kinds = intervention_kinds()
+    return [(("conditions", name, "interventions", j, "kind"),
+             f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}, whose code is not shipped to "
+             "NDIF; expected built-in kinds only with backend kind 'remote' (or run locally)")
+            for name, cond in spec.conditions.items() for j, iv in enumerate(cond.interventions)
+            if not kinds[iv.kind].remote]
+
+
 def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:
-    """(sub-path, condition) of every source a condition's interventions read (patch, add)."""
+    """(sub-path, condition) of every source a condition's interventions read (a kind's
+    declared `source` field: patch's `from`, add's `direction_from`)."""
+    kinds = intervention_kinds()
     found = []
     for i, iv in enumerate(cond.interventions):
-        if iv.kind == "patch":
-            found.append((("interventions", i, "from"), iv.from_))
-        elif iv.kind == "add" and iv.direction_from is not None:
-            found.append((("interventions", i, "direction_from"), iv.direction_from))
+        source = kinds[iv.kind].source_of(iv)
+        if source is not None:
+            found.append((("interventions", i, source[0]), source[1]))
     return found
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from .fields import _SPEC_ERROR, _VAR_EXPECTED, KNOWN_SITES, TINY_MODEL_NAMES
 from .problems import Problem, SpecPath, _did_you_mean, _got, _quoted
-from .schema import INTERVENTION_KINDS, Spec
+from .schema import Spec
 from .yaml_lines import _line_of
 
 # What a missing field should have held, for the "expected ..." half of the message.
@@ -41,7 +41,17 @@ def _translate(exc: ValidationError, data: Any, lines: dict[SpecPath, int]) -> l
     return sorted(problems, key=lambda p: (p.line or 0, p.field))
 
 
-def _messages(err: dict, loc: SpecPath) -> list[tuple[SpecPath, str]]:
+def nested_problems(exc: ValidationError, model: type[BaseModel]) -> list[tuple[SpecPath, str]]:
+    """(sub-path, message) of each error of `exc`, raised validating one entry with `model` (an
+    intervention kind's: see `workbench.spec.kinds`); the caller's field locates them."""
+    problems: list[tuple[SpecPath, str]] = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        problems += [(loc + tuple(subpath), message) for subpath, message in _messages(err, loc, model)]
+    return list(dict.fromkeys(problems))
+
+
+def _messages(err: dict, loc: SpecPath, root: type[BaseModel] = Spec) -> list[tuple[SpecPath, str]]:
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     if kind == _SPEC_ERROR:
         return list(ctx["problems"])
@@ -49,15 +59,9 @@ def _messages(err: dict, loc: SpecPath) -> list[tuple[SpecPath, str]]:
         name = loc[-1] if loc else "?"
         return [((), f"missing required field '{name}'; expected {_FIELD_HINTS.get(name, 'a value')}")]
     if kind == "extra_forbidden":
-        allowed = _allowed_fields(loc[:-1])
+        allowed = _allowed_fields(loc[:-1], root)
         hint = _did_you_mean(loc[-1], allowed)
         return [((), f"unknown field '{loc[-1]}'{hint}; expected one of: {', '.join(allowed)}")]
-    if kind == "union_tag_invalid":
-        tag = value.get("kind") if isinstance(value, dict) else ctx.get("tag")
-        hint = _did_you_mean(tag, INTERVENTION_KINDS)
-        return [(("kind",), f"{_got(tag)}{hint}; expected one of {_quoted(INTERVENTION_KINDS)}")]
-    if kind == "union_tag_not_found":
-        return [(("kind",), f"missing required field 'kind'; expected one of {_quoted(INTERVENTION_KINDS)}")]
     if kind == "too_short":
         return [((), f"{_got(value)}; expected at least {ctx.get('min_length', 1)} {_item_noun(loc)}")]
     if kind in ("greater_than_equal", "greater_than"):
@@ -98,7 +102,7 @@ def _expected_for(kind: str, pydantic_message: str) -> str:
 
 
 def _data_path(loc: SpecPath, data: Any) -> SpecPath:
-    """Map a pydantic loc onto the user's data: drop union tags and dict-key markers."""
+    """Map a pydantic loc onto the user's data: drop dict-key markers."""
     path: list[Any] = []
     current: Any = data
     for part in loc:
@@ -107,8 +111,6 @@ def _data_path(loc: SpecPath, data: Any) -> SpecPath:
         if isinstance(current, dict):
             if part in current:
                 current = current[part]
-            elif current.get("kind") == part:
-                continue  # discriminated-union tag pydantic inserts, e.g. (..., 0, 'scale', 'site')
             else:
                 current = _ABSENT
         elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
@@ -122,16 +124,16 @@ def _data_path(loc: SpecPath, data: Any) -> SpecPath:
 _ABSENT = object()
 
 
-def _allowed_fields(loc: SpecPath) -> list[str]:
+def _allowed_fields(loc: SpecPath, root: type[BaseModel] = Spec) -> list[str]:
     """Field names (aliases where set) of the model pydantic was validating at loc."""
-    model = _model_at(loc)
+    model = _model_at(loc, root)
     if model is None:
         return []
     return [info.alias or name for name, info in model.model_fields.items()]
 
 
-def _model_at(loc: SpecPath) -> type[BaseModel] | None:
-    annotation: Any = Spec
+def _model_at(loc: SpecPath, root: type[BaseModel] = Spec) -> type[BaseModel] | None:
+    annotation: Any = root
     for part in loc:
         annotation = _unwrap(annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -143,8 +145,6 @@ def _model_at(loc: SpecPath) -> type[BaseModel] | None:
             annotation = annotation.__args__[0]
         elif getattr(annotation, "__origin__", None) is dict:
             annotation = annotation.__args__[1]
-        elif getattr(annotation, "__origin__", None) is Union:
-            annotation = next((m for m in annotation.__args__ if _kind_of(m) == part), None)
         else:
             return None
     annotation = _unwrap(annotation)
@@ -169,8 +169,3 @@ def _unwrap(annotation: Any) -> Any:
                 annotation = rest[0]
                 continue
         return annotation
-
-
-def _kind_of(model: Any) -> Any:
-    info = getattr(model, "model_fields", {}).get("kind")
-    return info.annotation.__args__[0] if info is not None else None

@@ -34,9 +34,15 @@ class Architecture(Record):
     image_token: placeholder scattered with image features
     boundary_tokens: literal framing tokens; boundary_patterns: regexes for numbered ones
       (matched on the client only, by `is_boundary_token`: `re` is not on NDIF's whitelist)
-    text_config: sub-config holding the LLM dims; quirks: per-family flags
-      ("mrope": the model caches `rope_deltas` between forwards, reset before each run;
-      "position_offset": the first position id, when not 0: PaliGemma's are 1-based)
+    text_config: sub-config holding the LLM dims
+    mrope: M-RoPE; the model caches `rope_deltas` between forwards (reset before each run) and
+      decode steps take them into their position ids
+    deepstack: the vision tower's DeepStack mergers add features to the residual stream after the
+      first decoder layers (Qwen3-VL): site `layer.pre_deepstack`, and edits of their outputs
+      cannot share a trace with the vision-tower sites
+    prefix_lm: the prompt is one bidirectional prefix (PaliGemma): no kv_swap, and a row without
+      `token_type_ids` is never padded
+    position_offset: the first position id (PaliGemma's are 1-based)
     attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
       self-attention forward, whose inputs (q, k, mask) give the attention probabilities
       (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)
@@ -56,16 +62,23 @@ class Architecture(Record):
 
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
-               "boundary_tokens", "boundary_patterns", "text_config", "quirks", "attention_call", "nest_images",
+               "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
+               "position_offset", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
+                 "mrope": False, "deepstack": False, "prefix_lm": False, "position_offset": 0,
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
                  "tiny": None, "client": None}
-    _factories = {"quirks": dict, "projector_parts": dict}
+    _factories = {"projector_parts": dict}
+    # the family's quirks, typed (the other fields are module paths and token names: strings)
+    mrope: bool
+    deepstack: bool
+    prefix_lm: bool
+    position_offset: int
 
     @property
     def is_multimodal(self) -> bool:

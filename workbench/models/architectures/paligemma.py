@@ -28,7 +28,8 @@ PALIGEMMA = Architecture(
     # the whole prompt is one bidirectional prefix: kv_swap (prefill n-1 tokens, decode the last)
     # would compute another model; the plan refuses it
     # positions are 1-based (the model adds 1 to the cache index): a padded decode step passes its own
-    quirks={"prefix_lm": True, "position_offset": 1},
+    prefix_lm=True,
+    position_offset=1,
     tiny="tiny-paligemma",
     client="tiny_paligemma",
 )

@@ -24,7 +24,8 @@ QWEN3VL = Architecture(
     # M-RoPE: decode steps need explicit 3-D position ids; `rope_deltas` is cached on the model.
     # deepstack: its mergers run between vision blocks (the plan keeps their edits apart from the
     # vision-tower sites)
-    quirks={"mrope": True, "deepstack": True},
+    mrope=True,
+    deepstack=True,
     # required whenever image_grid_thw is passed, one entry per token
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
     tiny="tiny-qwen3vl",

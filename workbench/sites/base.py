@@ -1,13 +1,15 @@
-"""The site registry: every named place in the forward pass, in one table (`SITES`).
+"""The site registry: every named place in the forward pass (`SITES`), one module per site
+beside this one, each declared with `register_site` (re-exported by `workbench.extend`).
 
 A site says where it runs (`stage`: nnsight serves requests only in execution order, so every
 operation carries an `order` key built here and the backend sorts by it), which index a per-layer
 site takes, whether it needs a vision tower, which variables (with their dims) a capture stores,
 whether an intervention may edit it, and how its value is reached (`access`, resolved by
-`site_tensor` / `site_modules`). The spec's, the plan's and the interventions' site lists, the
-runner's variable dims and the store's reserved names are derived from it. Adding a site is adding
-its entry; a new kind of value also needs its resolver below (`access`), and a capturable one its
-reader in `workbench.capture` and the plan's line that builds that reader.
+`site_tensor` / `site_modules`). A site's module also holds where its value is read (`tensor`), the
+reader a capture of it adds to the plan (`capture`) and what a model must have for it (`check`).
+The spec's, the plan's and the interventions' site lists, the runner's variable dims and the
+store's reserved names are derived from the registry (`workbench.sites`). Adding a site is adding
+its module.
 
 Residual-stream convention, the same for every architecture: `layer` index 0 is the LLM input (the
 embedding sequence after image features are scattered in); index l >= 1 is the residual stream
@@ -28,7 +30,8 @@ Stages order whole sites. Where a connector module runs inside the vision tower 
 DeepStack mergers, between its blocks) that order is not the forward's, and the plan refuses the
 combinations it would break (`workbench.plan`).
 
-Shipped to NDIF servers with the plan: builtins, numpy and `Record` only.
+Shipped to NDIF servers with the plan (the registry travels as the `SITES` that `site` reads):
+builtins, numpy and `Record` only, here and in every site module.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .models.protocol import ModelLike
-from .records import Record
+from ..models.protocol import ModelLike
+from ..records import Record
 
 
 class Site(Record):
@@ -57,11 +60,22 @@ class Site(Record):
       edits act on every row), `modules` (the outputs of connector modules), `weights` (a
       parameter, read once per run), `branch` (a module inside a decoder layer,
       `Architecture.branch_outputs`), `source` (an operation inside self-attention's forward,
-      `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)"""
+      `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)
+    phase: where inside its stage (a decoder layer, for `decoder_layer` sites) a read happens:
+      0 edits, 1 reads at the input; inside a decoder layer `keys_pre` 2, `attention` 3,
+      `attn_out` 4, `mlp_out` 5, the layer's own output `LAYER_OUTPUT_PHASE`
+    steps: `prefill`: read in the prompt forward only; `decode`: also at every decode step
+    tensor: (model, layer) -> the live tensor of a `sequence`, `patches`, `branch` or `source` site
+    capture: (CapturePlan, layers) -> None, or a problem: adds the site's reader to the plan
+    check: (Architecture) -> None, or why this family lacks the site
+    read_key: (layer) -> the execution-order key of a read, where it is not (stage, layer, phase)"""
 
-    _fields = ("name", "stage", "index", "vision", "stores", "editable", "access")
-    _defaults = {"index": None, "vision": False, "editable": False}
+    _fields = ("name", "stage", "index", "vision", "stores", "editable", "access", "phase", "steps", "tensor",
+               "capture", "check", "read_key")
+    _defaults = {"index": None, "vision": False, "editable": False, "phase": 1, "steps": "prefill", "tensor": None,
+                 "capture": None, "check": None, "read_key": None}
     _factories = {"stores": dict}
+    _hidden = ("tensor", "capture", "check", "read_key")
 
     @property
     def variable(self) -> str | None:
@@ -70,38 +84,20 @@ class Site(Record):
 
 
 PROJECTOR_PART_PREFIX = "projector."
+# every registered site, in registration order (`workbench.sites` imports the site modules)
+SITES: dict[str, Site] = {}
 
-SITES: dict[str, Site] = {s.name: s for s in (
-    Site("embed", 0, stores={"embed": ("token", "dim")}, editable=True, access="sequence"),
-    Site("vision", 2, vision=True, stores={"vision": ("vision_patch", "vision_dim")}, editable=True,
-         access="patches"),
-    Site("vision_layer", 1, index="vision_layer", vision=True,
-         stores={"vision_hidden": ("vision_patch", "vision_layer", "vision_dim")}, editable=True, access="patches"),
-    Site("projector", 3, vision=True, editable=True, access="modules"),
-    Site("projector.merger", 3, vision=True, editable=True, access="modules"),
-    Site("layer", 4, index="layer", stores={"hidden": ("token", "layer", "dim")}, editable=True, access="sequence"),
-    # inside decoder layer l: the key projection's output (before k_norm and RoPE: what
-    # W_K·Norm(h) is), then each branch's output before the residual add (Architecture.branch_outputs)
-    Site("keys_pre", 4, index="decoder_layer", stores={"keys_pre": ("token", "decoder_layer", "kv")}, access="source"),
-    Site("attn_out", 4, index="decoder_layer", stores={"attn_out": ("token", "decoder_layer", "dim")}, access="branch"),
-    Site("mlp_out", 4, index="decoder_layer", stores={"mlp_out": ("token", "decoder_layer", "dim")}, access="branch"),
-    # h_l before DeepStack's add (families with DeepStack only): decoder layer l-1's own output
-    Site("layer.pre_deepstack", 4, index="layer", stores={"hidden_pre_deepstack": ("token", "layer", "dim")},
-         access="sequence"),
-    # the logit lens of residual layer l: the top-k of log_softmax(lm_head(final_norm(h_l))),
-    # computed in the trace (analyses never load weights)
-    Site("logit_lens", 4, index="layer", access="head",
-         stores={"lens_ids": ("token", "layer", "lens_rank"), "lens_logprobs": ("token", "layer", "lens_rank")}),
-    Site("attention", 4, index="decoder_layer", access="attention",
-         stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
-                 "decode_attention": ("token", "step", "decoder_layer", "head")}),
-    Site("keys", 4, index="decoder_layer", stores={"keys": ("token", "decoder_layer", "kv")}, access="cache"),
-    Site("values", 4, index="decoder_layer", stores={"values": ("token", "decoder_layer", "kv")}, access="cache"),
-    Site("final_norm", 5, stores={"final_norm": ("token", "dim")}, access="sequence"),
-    Site("logits", 6, stores={"logprobs": ("run", "step", "vocab"), "generated": ("run", "step")}, access="head"),
-    # the input embedding table's row norms (what each token id embeds to), read from the weights
-    Site("embed_table", 0, stores={"embed_table_norms": ("run", "embed_row")}, access="weights"),
-)}
+
+def register_site(entry: Site) -> Site:
+    """Declare a site (one module per site; the spec, the plan and the captures read it here)."""
+    if not isinstance(entry, Site):
+        raise TypeError(f"register_site takes a Site; got {entry!r}")
+    if entry.name.startswith(PROJECTOR_PART_PREFIX) and entry.access != "modules":
+        raise ValueError(f"{entry.name!r}: names under 'projector.' are connector modules (access 'modules')")
+    SITES[entry.name] = entry
+    return entry
+
+
 # a connector part `projector.<part>`: an edit of that module's output, like `projector`
 PROJECTOR_PART = Site("projector.<part>", 3, vision=True, editable=True, access="modules")
 
@@ -122,40 +118,25 @@ def part_sites(architectures: Any) -> tuple[str, ...]:
     return tuple(n for n in dict.fromkeys(names) if n not in SITES)
 
 
-# derived lists (the spec, plan and interventions use these; a site is added in SITES only)
-SITE_NAMES = tuple(SITES)
-CAPTURE_SITES = tuple(n for n, s in SITES.items() if s.variable)
-EDITABLE_SITES = tuple(n for n, s in SITES.items() if s.editable)
-VISION_SITES = tuple(n for n, s in SITES.items() if s.vision)
-PER_LAYER_SITES = tuple(n for n, s in SITES.items() if s.index)
-PROJECTOR_SITES = tuple(n for n, s in SITES.items() if s.access == "modules")
-SITE_STAGE = {n: s.stage for n, s in SITES.items()}
-# dims of every stored capture variable, e.g. VARIABLE_DIMS["hidden"] == ("token", "layer", "dim")
-VARIABLE_DIMS = {v: dims for s in SITES.values() for v, dims in s.stores.items()}
-
-
 def is_projector_site(name: str) -> bool:
     """The projector, its merger or a connector part: edits act on module outputs."""
     return site(name).access == "modules"
 
 
-# where inside decoder layer l a per-layer site runs, after its input (phase 0 edits, 1 reads)
-DECODER_PHASE = {"keys_pre": 2, "attention": 3, "attn_out": 4, "mlp_out": 5}
 LAYER_OUTPUT_PHASE = 6  # decoder layer l's own output (`layer.pre_deepstack` l + 1)
 
 
 def order(name: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
     """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture; the
-    decoder-layer sites read inside a layer take `DECODER_PHASE`)."""
+    decoder-layer sites read inside a layer take their `Site.phase`)."""
     return (site(name).stage, -1 if layer is None else layer, phase)
 
 
 def read_order(name: str, layer: int | None) -> tuple[int, int, int]:
-    """The key of a capture's read of `name` at `layer`: `layer.pre_deepstack` l >= 1 is decoder
-    layer l-1's output (after that layer's inside, before layer l's input)."""
-    if name == "layer.pre_deepstack" and layer:
-        return order(name, layer - 1, LAYER_OUTPUT_PHASE)
-    return order(name, layer, DECODER_PHASE.get(name, 1))
+    """The key of a capture's read of `name` at `layer`: the site's own `read_key` where it
+    has one (`layer.pre_deepstack`), else its stage, the layer and its `phase`."""
+    entry = site(name)
+    return entry.read_key(layer) if entry.read_key else order(name, layer, entry.phase)
 
 
 # -- resolving a site to the live model (inside a trace) ------------------------------------------
@@ -236,40 +217,28 @@ def connector_modules(model: ModelLike) -> dict[str, Any]:
     return out
 
 
-def _first(value: Any) -> Any:
+def first_tensor(value: Any) -> Any:
     """A module's main tensor: encoder layers and towers may return tuples or ModelOutputs."""
     return value if hasattr(value, "shape") else value[0]
 
 
+def branch_output(model: ModelLike, name: str, layer: int) -> Any:
+    """The output of the module inside decoder layer `layer` that `Architecture.branch_outputs`
+    names for site `name` (`attn_out`, `mlp_out`)."""
+    envoy = model.decoder_layers()[layer]
+    for attribute in model.arch.branch_outputs[name].split("."):
+        envoy = getattr(envoy, attribute)
+    return first_tensor(envoy.output)
+
+
 def site_tensor(model: ModelLike, name: str, layer: int | None = None) -> Any:
-    """The live tensor of a `sequence` or `patches` site. Sequence sites are (batch, seq, dim);
-    patch sites keep the tower's own layout (batch of tiles x patches x dim, or patches x dim
-    for Qwen), rows flattened by the capture."""
-    arch = model.arch
-    if name == "embed":
-        return model.module(arch.embed)[0].output
-    if name == "final_norm":
-        return model.module(arch.final_norm)[0].output
-    if name == "layer":
-        return residual_envoy(model, layer).input
-    if name == "layer.pre_deepstack":  # layer 0: the LLM input (no DeepStack add before it)
-        return residual_envoy(model, 0).input if layer == 0 else _first(model.decoder_layers()[layer - 1].output)
-    if name == "keys_pre":  # the key projection's call inside self-attention (see Architecture)
-        return getattr(model.decoder_layers()[layer].self_attn.source, model.arch.key_projection_call).output
-    if name in model.arch.branch_outputs:  # attn_out, mlp_out of decoder layer `layer`
-        envoy = model.decoder_layers()[layer]
-        for attribute in model.arch.branch_outputs[name].split("."):
-            envoy = getattr(envoy, attribute)
-        return _first(envoy.output)
-    if name == "vision_layer":
-        return _first(model.module(arch.vision_layers)[0][layer].output)
-    if name == "vision":
-        path, end = arch.vision_output
-        envoy = model.module(path)[0]
-        # the connector's input (most families) or the tower's output (InternVL: before its CLS
-        # row is dropped and the pixel shuffle)
-        return envoy.input if end == "input" else _first(envoy.output)
-    raise KeyError(f"site {name!r} has no tensor of its own")
+    """The live tensor of a site that has one (`Site.tensor`). Sequence sites are (batch, seq,
+    dim); patch sites keep the tower's own layout (batch of tiles x patches x dim, or patches x
+    dim for Qwen), rows flattened by the capture."""
+    tensor = site(name).tensor
+    if tensor is None:
+        raise KeyError(f"site {name!r} has no tensor of its own")
+    return tensor(model, layer)
 
 
 def position_index(positions: str | list[int] | tuple[int, ...], modality: np.ndarray) -> np.ndarray:

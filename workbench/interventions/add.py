@@ -1,0 +1,114 @@
+"""`add`: add `factor` x a vector at the selected positions. The vector is given (`vector`, of the
+model's width), taken from another condition (`direction_from`): the mean, over the selected
+positions, of (source's value - this condition's value without this edit), or, as a control for
+both, random (`direction: random`): n_t · u with u = `random_direction(seed, width)` (one direction
+for every position and layer) and n_t = `norm`, or with norm "matched" the token's own ‖x_t‖ at the
+site, so the edit has the size of the value it edits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+import torch
+from pydantic import PlainValidator, model_validator
+
+from ..extend import InterventionSpec, register_intervention
+from ..sites import to_device
+from ..spec.fields import (ADD_DIRECTIONS, RANDOM_NORMS, _VAR_REF_RE, ConditionName, Number, NumberOrVar, Swept,
+                           _as_float, _fail, _one_of)
+from ..spec.problems import _got, _quoted
+from .base import Intervention
+
+
+def _seed_or_var(value: Any) -> int | str:
+    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    _fail(f"{_got(value)}; expected a seed (an integer >= 0) or a '$variable'")
+
+
+def _random_norm(value: Any) -> float | str:
+    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
+        return value
+    number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    if number <= 0:
+        _fail(f"{_got(value)}; expected a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
+    return number
+
+
+class AddSpec(InterventionSpec):
+    kind: Literal["add"]
+    vector: list[Number] | None = None
+    direction_from: ConditionName | None = None
+    # the control for both: a seeded random unit direction u, scaled to `norm` per token
+    direction: Annotated[Literal["random"], _one_of(ADD_DIRECTIONS)] | None = None
+    seed: Annotated[Union[int, str], PlainValidator(_seed_or_var), Swept("seed")] = 0
+    norm: Annotated[Union[float, str], PlainValidator(_random_norm), Swept("positive")] = "matched"
+    factor: NumberOrVar = 1.0
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> "AddSpec":
+        given = [name for name in ("vector", "direction_from", "direction") if getattr(self, name) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(repr(g) for g in given)
+            _fail(f"{what} of 'vector', 'direction_from', 'direction' given; expected exactly one of them "
+                  "(a vector, a condition's mean difference, or direction: random)")
+        if self.vector is not None and not self.vector:
+            _fail("got an empty list; expected a non-empty vector", "vector")
+        if self.direction is None:  # (a dumped spec carries the defaults: only other values are refused)
+            for name in ("seed", "norm"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    _fail(f"'{name}' is only used with 'direction: random'; expected no '{name}' here", name)
+        return self
+
+
+def _vector_width(raw: AddSpec, info: Any) -> list[tuple[tuple[Any, ...], str]]:
+    if raw.vector is not None and len(raw.vector) != info.hidden_size:
+        return [(("vector",), f"a vector of {len(raw.vector)} numbers; expected {info.hidden_size} (the model width)")]
+    return []
+
+
+def random_direction(seed: int, width: int) -> np.ndarray:
+    """The unit direction of `direction: random`: g / ‖g‖ with g ~ N(0, I_width) drawn by numpy's
+    PCG64 generator from `seed`, in float64: the same vector on any device or dtype."""
+    g = np.random.default_rng(int(seed)).standard_normal(int(width))
+    return g / np.linalg.norm(g)
+
+
+@register_intervention(AddSpec, accesses=("sequence", "modules"), source="direction_from", check=_vector_width)
+class Add(Intervention):
+    """Add `factor` x a given, bound (source - own, averaged over positions) or random vector."""
+
+    _fields = Intervention._fields + ("factor", "vector", "source", "direction", "seed", "norm", "bound")
+    _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None, "direction": None,
+                 "seed": 0, "norm": "matched"}
+    _factories = {"bound": dict}
+    _hidden = ("bound",)
+
+    def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Add":
+        directions = {k: (values[k] - own[k]).mean(dim=0) for k in values}
+        return self.replace(bound=directions)
+
+    def random_step(self, x: torch.Tensor) -> torch.Tensor:
+        """n_t · u for every row of x (before `factor`)."""
+        u = to_device(torch.as_tensor(random_direction(self.seed, x.shape[-1])), x, x.dtype)
+        size = x.norm(dim=-1, keepdim=True) if self.norm == "matched" else float(self.norm)
+        return size * u
+
+    def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        if self.direction == "random":
+            return x + self.factor * self.random_step(x)
+        if self.source is None:
+            direction = to_device(torch.tensor(self.vector, dtype=x.dtype), x)
+        else:
+            direction = to_device(self.bound[layer], x, x.dtype)
+        return x + self.factor * direction
+
+    @classmethod
+    def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Add":
+        vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
+        norm = raw.norm if raw.norm == "matched" else float(raw.norm)
+        return cls(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
+                   direction=raw.direction, seed=int(raw.seed), norm=norm)

@@ -1,0 +1,22 @@
+"""`attn_out`: what decoder layer l's attention branch adds to the residual stream, before the add
+(`Architecture.branch_outputs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.protocol import ModelLike
+from .base import Site, branch_output, register_site
+from .readers import LayerOutputCapture
+
+
+def tensor(model: ModelLike, layer: int) -> Any:
+    return branch_output(model, "attn_out", layer)
+
+
+def capture(plan: Any, layers: tuple[int, ...]) -> None:
+    plan.outputs += (LayerOutputCapture("attn_out", layers),)
+
+
+register_site(Site("attn_out", 4, index="decoder_layer", stores={"attn_out": ("token", "decoder_layer", "dim")},
+                   access="branch", phase=4, tensor=tensor, capture=capture))

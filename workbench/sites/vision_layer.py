@@ -1,0 +1,22 @@
+"""`vision_layer`: the output of each listed vision-tower layer (its own index 0..V-1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.protocol import ModelLike
+from .base import Site, first_tensor, register_site
+from .readers import PatchCapture
+
+
+def tensor(model: ModelLike, layer: int | None) -> Any:
+    return first_tensor(model.module(model.arch.vision_layers)[0][layer].output)
+
+
+def capture(plan: Any, layers: tuple[int, ...]) -> None:
+    plan.outputs += (PatchCapture("vision_layer", layers),)
+
+
+register_site(Site("vision_layer", 1, index="vision_layer", vision=True,
+                   stores={"vision_hidden": ("vision_patch", "vision_layer", "vision_dim")}, editable=True,
+                   access="patches", tensor=tensor, capture=capture))
