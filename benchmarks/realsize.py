@@ -1,7 +1,7 @@
 """Real-size random-weight models built offline, and a `WorkbenchModel` over an in-memory module.
 
 The configs are the tiny builders' configs (read back from the tiny checkpoints) scaled up to the
-real checkpoints' dimensions (FIELD-NOTES: SmolVLM2-2.2B, Qwen3-VL-2B). Tokenizers stay the tiny
+real checkpoints' dimensions (the config.json of HuggingFaceTB/SmolVLM2-2.2B-Instruct and Qwen/Qwen3-VL-2B-Instruct on the hub). Tokenizers stay the tiny
 byte-level ones (token ids < 320); the embedding matrices have the real vocabulary size, so every
 matmul has its real shape. Weights are random (`_from_config`, seeded).
 
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-# Real dims (FIELD-NOTES "Real checkpoint dims").
+# Real dims, from the checkpoints' config.json (hub: HuggingFaceTB/SmolVLM2-2.2B-Instruct, Qwen/Qwen3-VL-2B-Instruct).
 SMOLVLM2_2B = {
     "text": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                  num_key_value_heads=32, head_dim=64, vocab_size=49280, rope_theta=273768.0),

@@ -1,8 +1,9 @@
 """The loopback NDIF server's job executor: a separate process that unpickles and runs each
 request inside an import and builtin whitelist, as NDIF's model actor does with its `Protector`.
 
-Written from the documented behaviour (FIELD-NOTES "NDIF's server sandbox", read from
-ndif-team/ndif's model actor and `protected_environment.py`), not copied:
+Written from the documented behaviour (read from
+ndif-team/ndif at 028db44: src/services/ray/src/ray/deployments/modeling/base.py, the model actor,
+and src/services/ray/src/ray/nn/security/protected_environment.py), not copied:
 
 - unpickling runs under `Protector(DESERIALIZATION_MODULES)`, execution under
   `Protector(EXECUTION_MODULES)`. A whitelist entry matches by prefix unless strict.

@@ -2,8 +2,8 @@
 
 Plans, interventions, captures, model inputs and results are pickled by value into remote jobs
 (see `workbench.backends.remote`), and NDIF unpickles and runs them inside a module whitelist
-(torch, numpy, collections, typing, math, time, enum, operator, nnsight; see FIELD-NOTES "NDIF's
-server sandbox"). `dataclasses` is not on it, nor is the `_thread` that a dataclass's generated
+(torch, numpy, collections, typing, math, time, enum, operator, nnsight; the lists in
+ndif-team/ndif at 028db44, src/services/ray/src/ray/nn/security/protected_environment.py). `dataclasses` is not on it, nor is the `_thread` that a dataclass's generated
 `__repr__` imports: a dataclass instance is refused while the job is unpickled. A `Record` gives
 what those classes used from `dataclass` (keyword/positional construction with defaults, frozen
 or not, equality, hash, the same repr, `replace`) with builtins only. Why not a library

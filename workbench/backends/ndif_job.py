@@ -4,7 +4,7 @@ A job is an nnsight session whose body calls `server_run(model, inputs, names, p
 travels by value (cloudpickle, `workbench` registered for pickling by value while the job is
 serialized): this module, `workbench.backends.local` (the same `run_condition` as a local run,
 so both give bitwise the same captures), the plan, interventions and captures, and `Record`.
-NDIF unpickles and runs it inside a module whitelist (FIELD-NOTES "NDIF's server sandbox"), so
+NDIF unpickles and runs it inside a module whitelist (ndif-team/ndif at 028db44, src/services/ray/src/ray/nn/security/protected_environment.py), so
 everything reachable from here imports only torch, numpy, nnsight, typing and workbench modules
 that do the same; `tests/test_ndif_sandbox.py` checks that statically, and the loopback server
 (tests/ndif_server.py) enforces the whitelist while it runs every job.

@@ -17,7 +17,7 @@ How the code gets there: nnsight serializes the session body with cloudpickle, f
 their source. `workbench` is not installed on NDIF, so while a job is serialized the package is
 registered for pickling by value (`cloudpickle.register_pickle_by_value`): every workbench
 function and class the body reaches travels in the payload. NDIF unpickles and runs it inside a
-module and builtin whitelist (FIELD-NOTES "NDIF's server sandbox"), which is why that code uses
+module and builtin whitelist (ndif-team/ndif at 028db44, src/services/ray/src/ray/nn/security/protected_environment.py), which is why that code uses
 `Record`s, not dataclasses, and imports only torch, numpy, nnsight and typing (see
 `ndif_job`). Two more patterns do not survive the trip: a function wrapped by a decorator using
 `functools.wraps` (nnsight reads the wrapped function's source but keeps the wrapper's globals),

@@ -45,7 +45,7 @@ Guarantees.
   overwrites another writer's rows. Run tags are per writer and nothing is compacted (see
   `finish_run`).
 
-Dtype and codec (measured, see FIELD-NOTES and benchmarks/): float32 with Blosc lz4 (level 1) +
+Dtype and codec (measured: benchmarks/README.md): float32 with Blosc lz4 (level 1) +
 byte shuffle, then CRC-32C. zarr has no bfloat16; fp16 overflows on massive activations. fp32
 holds bf16 values exactly. Chunks: ~2 MiB, one layer per chunk, the whole hidden dimension, so
 per-layer reductions stream.
