@@ -3,14 +3,15 @@ per query the mass on vision keys (prompt forward), and each decode step's row."
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from ..records import Record
 from .base import BatchRow, Site, batch_rows, read_order, register_site, to_device
 from .readers import saved_copy
+
+if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
+    import torch  # (dims, phases) where torch is not installed
 
 
 def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch.Tensor:
@@ -26,6 +27,7 @@ def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch
     = 0 where allowed. `row`: only that batch row (`workbench.sites.batch_rows`); a padded row's
     queries and keys are cut to its real positions (its pads come after them, see
     `workbench.sites.BatchRow`), so no probability falls on a pad."""
+    import torch
     _, query, key, _, mask = args[:5]
     query, key = batch_rows(query, row), batch_rows(key, row)
     mask = mask if mask is None else batch_rows(mask, row)
@@ -66,6 +68,7 @@ class AttentionCapture(Record):
         return [(read_order("attention", l), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        import torch
         call = getattr(model.decoder_layers()[layer].self_attn.source, model.arch.attention_call)
         args, kwargs = call.inputs
         probs = attention_probabilities(args, kwargs, row)[0]  # (heads, q, k)

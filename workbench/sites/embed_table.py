@@ -3,15 +3,17 @@ the weights in the trace."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..models.protocol import ModelLike
 from ..records import Record
 from .base import Site, order, register_site, site
 from .readers import saved_copy
+
+if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
+    import torch  # (dims, phases) where torch is not installed
 
 
 class EmbeddingTableCapture(Record):
@@ -28,6 +30,7 @@ class EmbeddingTableCapture(Record):
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        import torch
         envoy = model.module(model.arch.embed)[0]  # the same weights for every batch row
         norms = envoy.weight.detach().to(torch.float32).norm(dim=-1)
         scale = getattr(envoy, "embed_scale", None)

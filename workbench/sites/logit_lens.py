@@ -3,14 +3,16 @@ layer l, computed in the trace (analyses never load weights)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..records import Record
 from .base import Site, read_order, register_site, residual_envoy, token_rows
 from .readers import saved_copy
+
+if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
+    import torch  # (dims, phases) where torch is not installed
 
 
 LENS_TOP_K = 10  # tokens kept per (position, layer) by the logit lens
@@ -32,6 +34,7 @@ class LogitLensCapture(Record):
         return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
+        import torch
         hidden = token_rows(residual_envoy(model, layer).input, row)[0]
         norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
         logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
@@ -41,6 +44,7 @@ class LogitLensCapture(Record):
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{lens_ids, lens_logprobs: (token, layer, lens_rank)}; a prompt over two traces is joined."""
+        import torch
         return {name: torch.stack([torch.cat(merged[(name, l)], dim=0) for l in self.layers], dim=1).numpy()
                 for name in ("lens_ids", "lens_logprobs")}
 

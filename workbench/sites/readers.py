@@ -5,18 +5,21 @@ its module. Shipped to NDIF servers: torch, numpy, typing and `Record` only."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..models.protocol import ModelLike
 from ..records import Record
 from .base import batch_rows, order, read_order, site, site_tensor, token_rows
 
+if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
+    import torch  # (dims, phases) where torch is not installed
+
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """A float32 copy on the host, for reads after a forward (the KV cache)."""
+    import torch
     # copy=True: on CPU in float32 `.to` would return the same tensor, which later in-place
     # edits could still change.
     return tensor.detach().to("cpu", dtype=torch.float32, copy=True)
@@ -30,6 +33,7 @@ def saved_copy(tensor: torch.Tensor) -> torch.Tensor:
     next layer's kernels (the 2026-11-30 H200 run: a traced forward with its reads 63-71 ms
     against a plain forward's 39-51). The copy itself: later in-place edits in the forward must
     not reach it."""
+    import torch
     return tensor.detach().to(dtype=torch.float32, copy=True)
 
 
@@ -48,6 +52,7 @@ class ModuleOutputCapture(Record):
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: rows} of one run (the prompt may span two traces: kv_swap)."""
+        import torch
         return {self.site: torch.cat(merged[(self.site, None)], dim=0).numpy()}
 
 
@@ -68,6 +73,7 @@ class LayerOutputCapture(Record):
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
+        import torch
         per_layer = [torch.cat(merged[(self.site, l)], dim=0) for l in self.layers]
         return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
 
@@ -94,6 +100,7 @@ class PatchCapture(Record):
         saved[(self.site, layer)] = [saved_copy(tensor.reshape(-1, tensor.shape[-1]))]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
+        import torch
         variable = site(self.site).variable
         if self.site == "vision_layer":
             if (self.site, self.layers[0]) not in merged:
@@ -110,6 +117,7 @@ class CachedKVCapture(Record):
 
     def read_cache(self, cache: Any, n_tokens: int, row: int = 0) -> dict[str, np.ndarray]:
         """(token, layer, kv) arrays of batch row `row` of the cache."""
+        import torch
         out = {}
         for name, wanted in (("keys", self.keys), ("values", self.values)):
             if not wanted:
