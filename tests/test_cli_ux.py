@@ -30,7 +30,7 @@ def write_spec(tmp_path: Path, body: str, name: str = "spec") -> tuple[Path, Pat
 def test_validate_refuses_a_capture_run_would_refuse(tmp_path, capsys):
     spec, store = write_spec(tmp_path, "models: [tiny-qwen3vl]\nconditions: {baseline: {}}\ncapture: [{site: projector}]\n")
     assert main(["validate", str(spec)]) == 2
-    assert "spec.yaml:4: capture[0].site: site 'projector' cannot be captured; expected one of embed, vision," in capsys.readouterr().err
+    assert "spec.yaml:4: capture[0].site: site 'projector' cannot be captured; expected one of embed, embed_table, vision_layer, vision," in capsys.readouterr().err
     assert not store.exists()
 
 
