@@ -7,14 +7,14 @@ spec error, before anything runs or is written.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator, overload
 
 from .capture import CapturePlan, PatchCapture
 from .records import Record
 from .extend import InterventionKind, intervention_kinds
 from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
-from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
+from .spec import CAPTURE_SITES, EDITABLE_SITES, Problem, SpecError
 
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
@@ -71,7 +71,9 @@ class ModelPlan(Record):
     _mutable = True
 
     def condition(self, name: str) -> ConditionPlan:
-        return next(c for c in self.conditions if c.name == name)
+        by_name = getattr(self.conditions, "by_name", None)  # `PlanConditions`, named not here: this
+        # class travels by value to NDIF, whose sandbox refuses the `abc` a Sequence would bring
+        return by_name(name) if by_name else next(c for c in self.conditions if c.name == name)
 
 
 class _Checker:
@@ -79,10 +81,11 @@ class _Checker:
 
     def __init__(self, info: Any):
         self.info = info
-        self.problems: list[tuple[SpecPath, str]] = []
+        # each once: a sweep's runs repeat their condition's problems
+        self.problems: dict[tuple[SpecPath, str], None] = {}
 
     def add(self, path: SpecPath, message: str) -> None:
-        self.problems.append((path, message))
+        self.problems[(path, message)] = None
 
     def layers(self, value: Any, path: SpecPath, top: int, vision: bool = False) -> tuple[int, ...]:
         """Layer indices 0..top ('all' expands); out-of-range ones are problems."""
@@ -224,42 +227,100 @@ def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
 
 
 def compile_plan(spec: Any, info: Any) -> ModelPlan:
-    """Compile `spec` for one model; raise PlanError (located in the spec) listing every problem."""
+    """Compile `spec` for one model; raise PlanError (located in the spec) listing every problem.
+    Every condition is checked here, one at a time; the plan's conditions are compiled again when
+    taken (`PlanConditions`), so a large sweep is never held."""
     check = _Checker(info)
     capture = _capture_plan(spec, check)
-    instances = spec.expand_conditions()
-    images = {i.name: i.image for i in instances}
-    conditions = []
-    for instance in instances:
-        base: SpecPath = ("conditions", instance.base)
-        if instance.image != "real" and not info.arch.is_multimodal:
-            check.add(base + ("image",), "a text-only model takes no image; expected real")
-        kv_swap = None
-        if instance.kv_swap is not None:
-            swap = instance.kv_swap
-            if (images[swap.donor] == "none") != (instance.image == "none"):
-                check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
-                          "(image: none); expected a donor with the same sequence (real or blank image)")
-            if info.arch.prefix_lm:
-                check.add(base + ("kv_swap",), f"{info.arch.family} reads the whole prompt as one bidirectional "
-                          "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
-                          "another model; expected no kv_swap for this model")
-            layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
-            positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
-            kv_swap = KVSwapPlan(swap.donor, positions, layers, tuple(swap.parts))
-            if not capture.decoding:
-                check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
-                          "capture of logits or attention to see it")
-        items = _interventions(instance, check)
-        _deepstack_order(instance, capture, check)
-        for item in items:
-            if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
-                check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
-        conditions.append(ConditionPlan(instance.name, dict(instance.sweep), instance.image, items, kv_swap))
+    images = _images(spec)
+    for instance in spec.expand_conditions():
+        _compile_condition(instance, info, capture, images, check)
     if check.problems:
-        raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in dict.fromkeys(check.problems)], spec.source)
-    return ModelPlan(info=info, conditions=conditions, capture=capture,
-                     batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
+        raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in check.problems], spec.source)
+    return ModelPlan(info=info, conditions=PlanConditions(spec.expand_conditions(), info, capture, images),
+                     capture=capture, batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
+
+
+def _images(spec: Any) -> dict[str, str]:
+    """Image mode of each condition without a sweep: the only ones a kv_swap donor or an
+    intervention source may name (`workbench.spec.schema._reference_problems`)."""
+    return {name: cond.image for name, cond in spec.conditions.items() if not cond.sweep}
+
+
+def _compile_condition(instance: Any, info: Any, capture: CapturePlan, images: dict[str, str],
+                       check: _Checker) -> ConditionPlan:
+    base: SpecPath = ("conditions", instance.base)
+    if instance.image != "real" and not info.arch.is_multimodal:
+        check.add(base + ("image",), "a text-only model takes no image; expected real")
+    kv_swap = None
+    if instance.kv_swap is not None:
+        swap = instance.kv_swap
+        if (images[swap.donor] == "none") != (instance.image == "none"):
+            check.add(base + ("kv_swap", "donor"), f"donor {swap.donor!r} has another token sequence "
+                      "(image: none); expected a donor with the same sequence (real or blank image)")
+        if info.arch.prefix_lm:
+            check.add(base + ("kv_swap",), f"{info.arch.family} reads the whole prompt as one bidirectional "
+                      "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
+                      "another model; expected no kv_swap for this model")
+        layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
+        positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
+        kv_swap = KVSwapPlan(swap.donor, positions, layers, tuple(swap.parts))
+        if not capture.decoding:
+            check.add(base + ("kv_swap",), "a KV swap changes only the decode step; expected a "
+                      "capture of logits or attention to see it")
+    items = _interventions(instance, check)
+    _deepstack_order(instance, capture, check)
+    for item in items:
+        if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
+            check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
+    return ConditionPlan(instance.name, dict(instance.sweep), instance.image, items, kv_swap)
+
+
+class PlanConditions:
+    """A model's condition plans, each compiled when taken from the spec's `ConditionSpace`
+    (`compile_plan` has checked them all). Never pickled into a remote job: that takes a plan
+    holding the conditions it runs (`workbench.backends.remote.run_sample`)."""
+
+    def __init__(self, space: Any, info: Any, capture: CapturePlan, images: dict[str, str]):
+        self._space, self._info, self._capture, self._images = space, info, capture, images
+        self._named: dict[str, ConditionPlan] = {}  # sources and donors, asked for by name per run
+
+    def _compiled(self, instance: Any) -> ConditionPlan:
+        return _compile_condition(instance, self._info, self._capture, self._images, _Checker(self._info))
+
+    def __len__(self) -> int:
+        return len(self._space)
+
+    @overload
+    def __getitem__(self, index: int) -> ConditionPlan: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ConditionPlan]: ...
+
+    def __getitem__(self, index: int | slice) -> ConditionPlan | list[ConditionPlan]:
+        if isinstance(index, slice):
+            return [self._compiled(i) for i in self._space[index]]
+        return self._compiled(self._space[index])
+
+    def __iter__(self) -> Iterator[ConditionPlan]:
+        return (self._compiled(instance) for instance in self._space)
+
+    def names(self) -> Iterator[str]:
+        return self._space.names()
+
+    def by_name(self, name: str) -> ConditionPlan:
+        if name not in self._named:
+            self._named[name] = self[next(i for i, n in enumerate(self.names()) if n == name)]
+        return self._named[name]
+
+    def __repr__(self) -> str:
+        return f"PlanConditions({len(self)} conditions)"
+
+
+def condition_names(conditions: Any) -> Iterator[str]:
+    """The names of a plan's conditions, in order, none compiled for it."""
+    names = getattr(conditions, "names", None)  # a `PlanConditions`
+    return names() if names else (c.name for c in conditions)
 
 
 def explicit_positions(spec: Any) -> bool:
@@ -274,7 +335,7 @@ def explicit_positions(spec: Any) -> bool:
 def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
     """Refuse explicit positions beyond a sample's sequence. `lengths[image_mode]` holds
     (sample id, number of tokens) of every sample's prompt in that image mode."""
-    problems = []
+    problems: dict[Problem, None] = {}  # each once: a sweep's runs repeat their condition's problems
     for instance in spec.expand_conditions():
         sample, n = min(lengths[instance.image], key=lambda item: item[1])
         base: SpecPath = ("conditions", instance.base)
@@ -284,7 +345,7 @@ def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int
             entries.append((base + ("kv_swap", "positions"), instance.kv_swap.positions, n - 1))
         for path, positions, limit in entries:
             if not isinstance(positions, str) and positions and max(positions) >= limit:
-                problems.append(spec.problem(path, f"{info.model_id}: position {max(positions)} is out of range for "
-                                                   f"sample {sample!r} ({limit} positions); expected positions < {limit}"))
+                problems[spec.problem(path, f"{info.model_id}: position {max(positions)} is out of range for "
+                                                   f"sample {sample!r} ({limit} positions); expected positions < {limit}")] = None
     if problems:
-        raise PlanError(list(dict.fromkeys(problems)), spec.source)
+        raise PlanError(list(problems), spec.source)

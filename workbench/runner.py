@@ -114,11 +114,16 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan],
     """Refuse, before any model loads, a resume that would mix meanings under one name: a
     condition whose identity changed, or a stored sample whose input changed under its id
     (`hashes`: sample id -> input hash). Returns the samples already stored per (model, condition)."""
+    from .plan import condition_names
     from .store import StoreIdentityError
 
-    done = {}
+    done = {}  # only the conditions the store holds: a sweep's names are generated, not held
     for plan in plans:
-        for condition in plan.conditions:
+        held = store.committed_conditions(plan.info.model_id)
+        for i, name in enumerate(condition_names(plan.conditions)):
+            if name not in held:
+                continue
+            condition = plan.conditions[i]
             store.check_condition(plan.info.model_id, condition.name, condition_identity(spec, plan, condition))
             stored = store.committed_inputs(plan.info.model_id, condition.name)
             changed = [sid for sid, h in stored.items() if h and sid in hashes and hashes[sid] != h]

@@ -13,6 +13,7 @@ import itertools
 from typing import Any, Iterator, Mapping
 
 from .data import Sample, input_hash, iter_samples
+from .plan import condition_names
 
 
 class SampleStream:
@@ -36,17 +37,22 @@ def survey(samples: SampleStream) -> dict[str, str]:
 
 
 def count_done(plans: list[Any], ids: Mapping[str, Any], done: Mapping[tuple[str, str], set[str]]) -> int:
-    """Runs of this spec's samples (`ids`) the store already holds."""
-    return sum(sum(1 for sid in done[(p.info.model_id, c.name)] if sid in ids) for p in plans for c in p.conditions)
+    """Runs of this spec's samples (`ids`) the store already holds (`done` may leave out the
+    conditions the store holds nothing of)."""
+    return sum(sum(1 for sid in done.get((p.info.model_id, name), ()) if sid in ids)
+               for p in plans for name in condition_names(p.conditions))
 
 
 def pending_runs(plans: list[Any], samples: SampleStream,
                  done: Mapping[tuple[str, str], set[str]]) -> Iterator[tuple[Any, Sample, Any]]:
     """(plan, sample, condition) of every run not yet stored, per model, per sample, per condition;
-    each model's pass reads the samples again, skipping those it holds entirely."""
+    each model's pass reads the samples again, skipping those it holds entirely. A condition's plan
+    is compiled when its first run is taken, and kept for the next samples."""
     for plan in plans:
-        held = [done[(plan.info.model_id, c.name)] for c in plan.conditions]
+        taken: dict[int, Any] = {}
         for sample in samples:
-            for condition, stored in zip(plan.conditions, held):
-                if sample.id not in stored:
-                    yield plan, sample, condition
+            for i, name in enumerate(condition_names(plan.conditions)):
+                if sample.id not in done.get((plan.info.model_id, name), ()):
+                    if i not in taken:
+                        taken[i] = plan.conditions[i]
+                    yield plan, sample, taken[i]

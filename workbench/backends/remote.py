@@ -558,17 +558,22 @@ def status_table(config: RemoteConfig) -> str:
 
 def images_needed(plan: Any, names: list[str]) -> list[str]:
     """Image modes (real/blank/none) of `names` and of the conditions they read from."""
-    modes, seen, stack = set(), set(), list(names)
+    return sorted({condition.image for condition in conditions_needed(plan, names)})
+
+
+def conditions_needed(plan: Any, names: list[str]) -> list[Any]:
+    """The plans of `names` and of the conditions they read from (sources, kv_swap donors)."""
+    needed: dict[str, Any] = {}
+    stack = list(names)
     while stack:
         condition = plan.condition(stack.pop())
-        if condition.name in seen:
+        if condition.name in needed:
             continue
-        seen.add(condition.name)
-        modes.add(condition.image)
+        needed[condition.name] = condition
         stack.extend(condition.sources)
         if condition.kv_swap is not None:
             stack.append(condition.kv_swap.donor)
-    return sorted(modes)
+    return list(needed.values())
 
 
 def run_sample(model: Any, inputs_by_image: Any, conditions: list[Any], plan: Any, config: RemoteConfig,
@@ -576,6 +581,8 @@ def run_sample(model: Any, inputs_by_image: Any, conditions: list[Any], plan: An
     """Run `conditions` of one sample as ONE remote job; per condition its captures, as
     `run_condition` returns them locally."""
     names = [c.name for c in conditions]
+    # the job's plan holds the conditions it runs, compiled here (a plan's lazy conditions hold the spec)
+    plan = plan.replace(conditions=conditions_needed(plan, names))
     inputs = {mode: inputs_by_image[mode] for mode in images_needed(plan, names)}
     server = model.server_view()
     what = what or f"{model.model_id} | {getattr(getattr(inputs_by_image, 'sample', None), 'id', '?')}"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable, Literal, Sequence, Union
+from typing import Annotated, Any, Iterable, Iterator, Literal, Sequence, Union, overload
 
 from pydantic import (
     AfterValidator,
@@ -286,23 +287,76 @@ def _substitute_swap(swap: KVSwap | None, assignment: dict[str, Any]) -> KVSwap 
     return swap.model_copy(update=updates) if updates else swap
 
 
-def _expand(base: str, condition: Condition) -> list[ConditionInstance]:
+def _instance(base: str, condition: Condition, assignment: dict[str, Any]) -> ConditionInstance:
+    return ConditionInstance(
+        name=_instance_name(assignment) if assignment else base,
+        base=base,
+        sweep=assignment,
+        image=condition.image,
+        interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
+        kv_swap=_substitute_swap(condition.kv_swap, assignment),
+    )
+
+
+def _assignments(condition: Condition) -> Iterator[dict[str, Any]]:
+    """A condition's sweep assignments, in `itertools.product` order (first variable slowest)."""
     if not condition.sweep:
-        assignments = [{}]
-    else:
-        variables = list(condition.sweep)
-        assignments = [dict(zip(variables, values)) for values in itertools.product(*condition.sweep.values())]
-    return [
-        ConditionInstance(
-            name=_instance_name(assignment) if assignment else base,
-            base=base,
-            sweep=assignment,
-            image=condition.image,
-            interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
-            kv_swap=_substitute_swap(condition.kv_swap, assignment),
-        )
-        for assignment in assignments
-    ]
+        return iter([{}])
+    variables = list(condition.sweep)
+    return (dict(zip(variables, values)) for values in itertools.product(*condition.sweep.values()))
+
+
+def _sweep_count(condition: Condition) -> int:
+    return math.prod(len(values) for values in condition.sweep.values())
+
+
+class ConditionSpace(Sequence[ConditionInstance]):
+    """Every concrete run of a spec's conditions, built when asked for: its length and each run
+    come from the sweeps' values, so holding it costs the spec, never the expanded count."""
+
+    def __init__(self, conditions: dict[str, Condition]):
+        self._parts = [(base, cond, _sweep_count(cond)) for base, cond in conditions.items()]
+        self._length = sum(count for *_, count in self._parts)
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> ConditionInstance: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ConditionInstance]: ...
+
+    def __getitem__(self, index: int | slice) -> ConditionInstance | list[ConditionInstance]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if not -self._length <= index < self._length:
+            raise IndexError(f"condition index {index} out of range ({self._length} conditions)")
+        index %= self._length
+        for base, cond, count in self._parts:
+            if index < count:
+                return _instance(base, cond, _assignment_at(cond, index))
+            index -= count
+        raise AssertionError("unreachable: the index was checked against the length")
+
+    def __iter__(self) -> Iterator[ConditionInstance]:
+        for base, cond, _ in self._parts:
+            for assignment in _assignments(cond):
+                yield _instance(base, cond, assignment)
+
+    def names(self) -> Iterator[str]:
+        """The runs' names only, in order (nothing else of a run is built)."""
+        for base, cond, _ in self._parts:
+            yield from _names(cond, base)
+
+
+def _assignment_at(condition: Condition, index: int) -> dict[str, Any]:
+    """The `index`-th assignment of `_assignments(condition)`: mixed radix, last variable fastest."""
+    picked = {}
+    for variable, values in reversed(condition.sweep.items()):
+        index, digit = divmod(index, len(values))
+        picked[variable] = values[digit]
+    return dict(reversed(picked.items()))
 
 
 class Spec(_Model):
@@ -374,9 +428,10 @@ class Spec(_Model):
         """A located problem at `path` of this spec (used by later stages, e.g. the plan)."""
         return Problem(tuple(path), _line_of(tuple(path), self._lines), message)
 
-    def expand_conditions(self) -> list[ConditionInstance]:
-        """Every concrete condition, sweeps expanded (cartesian product, first variable slowest)."""
-        return [instance for base, cond in self.conditions.items() for instance in _expand(base, cond)]
+    def expand_conditions(self) -> ConditionSpace:
+        """Every concrete condition, sweeps expanded (cartesian product, first variable slowest),
+        each built when taken."""
+        return ConditionSpace(self.conditions)
 
     def sweep_variables(self) -> list[str]:
         """All sweep variable names, in order of first appearance."""
@@ -495,19 +550,59 @@ def _source_cycle_problems(conditions: dict[str, Condition]) -> list[tuple[SpecP
 
 
 def _name_clash_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    """Run names produced twice, found without listing them. Only two sweeps over the same
+    variables can clash (a condition's own name holds no '=', `ConditionName`; a swept one is
+    "x=1.0,y=2.0", and numbers and part-set words hold no ',' or '='), so each sweep is compared
+    with the earlier ones sharing its first variable's values, then its names are asked of them."""
     problems = []
-    owner_of: dict[str, str] = {}
-    for base, cond in conditions.items():
-        names = (_instance_name(dict(zip(cond.sweep, values))) for values in itertools.product(*cond.sweep.values()))
-        for name in names if cond.sweep else [base]:  # names only: nothing else of a run is built here
-            if name in owner_of:
+    by_first: dict[tuple[tuple[str, ...], str], list[_NameOwner]] = {}  # (variables, first value) -> sweeps
+    for order, (base, cond) in enumerate(conditions.items()):
+        if not cond.sweep:
+            continue
+        owner = _NameOwner(order, base, cond)
+        variables = tuple(cond.sweep)
+        firsts = [(variables, value) for value in owner.digits[variables[0]]]
+        rivals = sorted({o.order: o for key in firsts for o in by_first.get(key, ()) if o.may_share(owner)}.items())
+        for index, name in enumerate(_names(cond, base) if rivals else ()):
+            first = next((o for _, o in rivals if o.produces(name)), None)
+            if first is not None:
                 problems.append(
                     (
                         ("conditions", base, "sweep"),
-                        f"expands to '{name}', which condition '{owner_of[name]}' "
+                        f"expands to '{name}', which condition '{first.base}' "
                         "also produces; expected unique run names (rename the sweep variable)",
                     )
                 )
+                owner.limit = index  # it produced the names before this one
                 break
-            owner_of[name] = base
+        for key in firsts:
+            by_first.setdefault(key, []).append(owner)
     return problems
+
+
+def _names(condition: Condition, base: str) -> Iterator[str]:
+    return (_instance_name(a) for a in _assignments(condition)) if condition.sweep else iter([base])
+
+
+class _NameOwner:
+    """The run names a sweep produces (its first `limit`, in order), asked without listing them."""
+
+    def __init__(self, order: int, base: str, condition: Condition):
+        self.order, self.base, self.limit = order, base, _sweep_count(condition)
+        # per variable: formatted value -> its position (a digit of the name's index)
+        self.digits = {var: {_format_value(v): i for i, v in enumerate(values)}
+                       for var, values in condition.sweep.items()}
+
+    def may_share(self, other: "_NameOwner") -> bool:
+        return list(self.digits) == list(other.digits) and all(
+            self.digits[v].keys() & other.digits[v].keys() for v in self.digits)
+
+    def produces(self, name: str) -> bool:
+        pairs = [pair.partition("=") for pair in name.split(",")]
+        if [var for var, _, _ in pairs] != list(self.digits) or any(
+                value not in self.digits[var] for var, _, value in pairs):
+            return False
+        index = 0
+        for var, _, value in pairs:
+            index = index * len(self.digits[var]) + self.digits[var][value]
+        return index < self.limit

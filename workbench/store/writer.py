@@ -277,6 +277,12 @@ class StoreWriter:
                 + "\n    ".join(diff),
                 hint="give the changed condition a new name, or write to a new store (--store)")
 
+    def committed_conditions(self, model_id: str) -> set[str]:
+        """Names of the conditions of `model_id` the committed store holds."""
+        root = self.committed_root()
+        key = model_key(model_id)
+        return set(root[key].group_keys()) if key in root else set()
+
     def committed_inputs(self, model_id: str, condition: str) -> dict[str, str]:
         """sample id -> input hash of every committed sample of (model, condition), in order."""
         root = self.committed_root()
