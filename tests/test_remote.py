@@ -382,7 +382,8 @@ SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py"
 KNOWN_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 KNOWN_DECORATED: set[tuple[str, str]] = set()
 # model_validator: on a kind's spec model (pydantic), which stays on the client
-HARMLESS_DECORATORS = {"property", "staticmethod", "classmethod", "dataclass", "model_validator"}
+# typing.overload's stubs are replaced by the undecorated definition that follows them: only that one runs
+HARMLESS_DECORATORS = {"property", "staticmethod", "classmethod", "dataclass", "model_validator", "overload"}
 
 
 def _functions(tree: ast.Module):
