@@ -340,6 +340,7 @@ def test_a_run_started_with_sigint_ignored_keeps_ignoring_it_and_sigterm_still_s
     assert stored_samples(store) == 2
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_the_signal_tests_pass_when_the_suite_starts_with_sigint_ignored():
     """`make test` started as a background job, under nohup or from a script inherits SIGINT
     ignored; the signal tests above set their children's dispositions, so they pass there too."""

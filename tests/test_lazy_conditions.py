@@ -121,6 +121,7 @@ def first_run_peak(tmp_path: Path, count: int) -> int:
             tracemalloc.stop()
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_a_sweep_of_50000_conditions_starts_without_holding_them(tmp_path, workbench_cache):
     small, large = first_run_peak(tmp_path, 500), first_run_peak(tmp_path, 50_000)
     # 100x the conditions: the spec's values and their line numbers grow (600 values against
@@ -140,6 +141,7 @@ def test_a_sweep_of_50000_conditions_starts_without_holding_them(tmp_path, workb
 # ------------------------------------------------------------------ an interrupted sweep resumes
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_an_interrupted_sweep_resumes_to_the_same_store(tmp_path, workbench_cache):
     """A run stopped by SIGKILL after its 3rd commit resumes, generating the sweep's names again
     for the resume check, to a store equal to the uninterrupted run's."""

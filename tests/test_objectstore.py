@@ -245,6 +245,7 @@ def run_shards_at_once(spec: Path, n: int, *extra: str) -> list[subprocess.Compl
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_two_shards_commit_to_one_object_store_and_equal_a_single_local_run(s3, tmp_path, monkeypatch, capsys):
     """`run --shard 0/2` and `--shard 1/2` at once, committing per forward to one s3:// store:
     every (condition, sample) result is stored exactly once, each variable and label equal to a

@@ -113,6 +113,7 @@ def _identical(a: Path, b: Path) -> None:
         xr.testing.assert_identical(da.reset_index(["token", "run"]), db.reset_index(["token", "run"]))
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 @pytest.mark.parametrize("kill_at", ["store.write:100", "store.commit:5", "trace:7"])
 def test_killed_run_resumes_to_identical_store(tmp_path, demo_store, kill_at):
     """kill -9 in the middle of a sample's writes, right after a commit and mid-trace, through

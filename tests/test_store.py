@@ -118,6 +118,7 @@ def test_kill_while_creating_the_store_resumes_identical(tmp_path, drill_store, 
     assert_same_store(store, drill_store, (store_drill.MODEL,))
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_reader_loop_during_a_live_run_sees_only_committed_prefixes(tmp_path, workbench_cache, drill_store):
     """A reader in a loop while `workbench run` writes: every open succeeds, and every read is a
     committed prefix of the final store with complete rows."""
@@ -506,6 +507,7 @@ def _runs_stored(store: Path) -> int:
     return sum(c["samples"] for m in info["models"].values() for c in m["conditions"].values())
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_a_full_disk_stops_with_a_message_and_the_rerun_finishes(tmp_path, small_tmpfs, mixing_store, capsys):
     store = small_tmpfs / "store.zarr"
     spec = write_llama_spec(tmp_path, store)

@@ -35,6 +35,7 @@ def study_stores(tmp_path_factory, workbench_cache):
     return stores
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 @pytest.mark.parametrize("name", STUDY)
 def test_study_spec_runs_offline_on_both_tiny_models(study_stores, name):
     tree = workbench.open_store(study_stores[name])
@@ -44,6 +45,7 @@ def test_study_spec_runs_offline_on_both_tiny_models(study_stores, name):
         assert len(np.unique(ds.sample.values)) == 2
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_study_stores_hold_what_the_analyses_need(study_stores):
     ds = workbench.open_store(study_stores["image_ablation"], model="tiny-qwen3vl")
     none = ds.sel(condition="none")
@@ -60,6 +62,7 @@ def test_study_stores_hold_what_the_analyses_need(study_stores):
     assert set(swap.run_condition.values) == {"baseline", "blank", "self_swap", "hybrid"}
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores, tmp_path):
     """On stores the runner wrote: alpha = 1 gives logit KL 0 and median rank 0; a KV swap with the
     condition as its own donor gives KL 0 (to float32 round-off), a blank donor does not."""
@@ -92,6 +95,7 @@ def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores
         assert float(swap["kl_real_blank"].min()) > 0
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_analyze_a_runner_store_where_torch_cannot_be_imported(study_stores, tmp_path):
     """A store written by the runner, analysed in a process where `import torch` fails."""
     import subprocess

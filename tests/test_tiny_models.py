@@ -343,6 +343,7 @@ def test_tiny_model_dir_default_root(monkeypatch, tmp_path):
     assert tiny_model_dir("tiny-llama") == tmp_path / "models" / "tiny-llama-v1"
 
 
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_tiny_model_dir_concurrent_processes(tmp_path):
     code = (
         "import sys; from workbench.models.tiny import tiny_model_dir; "

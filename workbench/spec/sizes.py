@@ -109,6 +109,7 @@ def size_problems(sizes: DeclaredSizes, limits: Limits) -> list[tuple[SpecPath, 
     problems: list[tuple[SpecPath, str]] = []
     per_condition = {name: math.prod(c.values for c in sizes.sweeps.get(name, {}).values())
                      for name in sizes.conditions}
+    total = sum(per_condition.values())
     for name, counts in sizes.sweeps.items():
         count = per_condition.get(name, 0)
         if count <= limits.conditions:
@@ -116,10 +117,13 @@ def size_problems(sizes: DeclaredSizes, limits: Limits) -> list[tuple[SpecPath, 
         capped = any(c.capped for c in counts.values())
         factors = " x ".join(f"{var}: {_fmt(c.values)}{'+' if c.capped else ''} values" for var, c in counts.items())
         what = f"more than {_fmt(count - 1)}" if capped else _fmt(count)
+        # the hint names what the whole spec needs: raising the limit to this sweep's count alone would
+        # still refuse a spec whose other conditions add to it
+        overall = "" if capped or total == count else f", {_fmt(total)} with the other conditions"
         problems.append((("conditions", name, "sweep"),
-                         f"the sweep expands to {what} conditions ({factors}); the limit is {_fmt(limits.conditions)} "
-                         f"conditions; expected fewer sweep values, {_raise_hint('conditions', count)}"))
-    total = sum(per_condition.values())
+                         f"the sweep expands to {what} conditions ({factors}){overall}; the limit is "
+                         f"{_fmt(limits.conditions)} conditions; expected fewer sweep values, "
+                         f"{_raise_hint('conditions', count if capped else total)}"))
     if not problems and total > limits.conditions:
         parts = ", ".join(f"{name}: {_fmt(c)}" for name, c in per_condition.items() if c > 1)
         problems.append((("conditions",), f"the conditions expand to {_fmt(total)} in all ({parts}); the limit is "
