@@ -178,7 +178,7 @@ def test_table_and_report_name_every_condition(store, tmp_path, capsys):
     body = section(report, "Every condition against the reference")
     for condition in conditions:
         assert re.search(rf"^\| [^|]+ \| {re.escape(condition)} \|", body, re.M), condition
-    assert "](compare.png)" in body and (tmp_path / "report" / "compare.png").stat().st_size > 10_000
+    assert "](compare_curves.png)" in body and (tmp_path / "report" / "compare_curves.png").stat().st_size > 10_000
     # --reference names another condition: the direction and the rows follow it
     assert main(["analyze", str(store), "compare", "--reference", "blank", "--resamples", "20"]) == 0
     out = capsys.readouterr().out

@@ -4,7 +4,7 @@ the reference's top token and greedy-token agreement (at `--step` and over every
 Δ log-prob of the stored answer's first token, accuracy and its difference, and the residual
 stream's norm ratio ‖h‖/‖h_ref‖ and cos(h, h_ref) per modality at the last stored layer. Each part
 reads only its own variables; a part a model lacks is `n/a`, with a note saying what it needs.
-Figure `compare.png`: per model, KL and agreement against the decode step, the norm ratio and
+Figure `compare_curves.png`: per model, KL and agreement against the decode step, the norm ratio and
 cosine against the layer (vision solid, text dashed), one colour per condition.
 """
 
@@ -58,6 +58,21 @@ def _cell(data: xr.Dataset, name: str, digits: int, **at) -> Cell:
     return estimate(data[name].sel(at), digits)
 
 
+def _summaries(ds: xr.Dataset, part: str, options: Options) -> xr.Dataset:
+    """One part's estimates with CIs (`analyses.compare`), for the table and its data."""
+    ref, boot = options.reference, options.boot()
+    if part == "output":
+        summary = _plain(compare.output_metrics(ds, ref, force=options.force, **boot))
+        per_sample = compare.output_metrics(ds, ref, per_sample=True, force=options.force)[["kl", "agree"]]
+        over_steps = summarize(per_sample.mean("step").rename(kl="kl_all_steps", agree="agree_all_steps"), **boot)
+        return xr.merge([summary, _plain(over_steps)])
+    if part == "answer":
+        return _plain(compare.answer_logprob_delta(ds, ref, **boot))
+    if part == "hidden":
+        return _plain(compare.hidden_metrics(ds, ref, force=options.force, **boot))
+    return _plain(compare.accuracy_metrics(ds, ref, **boot))
+
+
 def compare_table(models: dict[str, xr.Dataset], options: Options) -> Table:
     ref, step = options.reference, options.step
     kl = compare.kl_direction(ref)
@@ -76,30 +91,16 @@ def compare_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         return lacking
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset:
-        boot = options.boot()
         parts: list[xr.Dataset] = []
         for part, lacking in _parts(ds).items():
             if lacking:
                 skipped.append(f"{model}: {PART_NAMES[part]} not computed: needs {', '.join(lacking)}")
                 continue
-            if part == "output":
-                per_sample = compare.output_metrics(ds, ref, per_sample=True, force=options.force)
-                parts.append(_plain(compare.output_metrics(ds, ref, force=options.force, **boot)))
-                over_steps = per_sample[["kl", "agree"]].mean("step")
-                parts.append(_plain(summarize(over_steps, **boot)).rename(kl="kl_all_steps",
-                                                                                  agree="agree_all_steps",
-                                                                                  n_samples_kl="n_samples_kl_all_steps",
-                                                                                  n_samples_agree="n_samples_agree_all_steps"))
-                if step not in per_sample.step.values:
-                    skipped.append(f"{model}: no decode step {step} (the store holds steps 0–{per_sample.sizes['step'] - 1})")
-            elif part == "answer":
-                parts.append(_plain(compare.answer_logprob_delta(ds, ref, **boot)))
-            elif part == "hidden":
-                data = compare.hidden_metrics(ds, ref, force=options.force, **boot)
-                last_layers[model] = int(data.layer.values[-1])
-                parts.append(_plain(data))
-            else:
-                parts.append(_plain(compare.accuracy_metrics(ds, ref, **boot)))
+            parts.append(_summaries(ds, part, options))
+            if part == "hidden":
+                last_layers[model] = int(parts[-1].layer.values[-1])
+            if part == "output" and step not in parts[-1].step.values:
+                skipped.append(f"{model}: no decode step {step} (the store holds steps 0–{parts[-1].sizes['step'] - 1})")
         data = xr.merge(parts, join="outer", compat="override")
         for condition in [c for c in compare.conditions_of(ds) if c != ref]:
             at = {"condition": condition}
@@ -122,7 +123,7 @@ def compare_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         "log-prob of the answer's first token at step 0 minus the reference's; accuracy and its paired difference; "
         "‖h‖/‖h_ref‖ and cos(h, h_ref): the same token (sample, position, same token sequence) of the reference at "
         "the last stored layer, mean over the sample's tokens of that modality. n/a: a part the model lacks "
-        "(notes below) or a condition with nothing to pair. Every step and layer: figure compare.png and the "
+        "(notes below) or a condition with nothing to pair. Every step and layer: figure compare_curves.png and the "
         "table's data (analyses.compare)."))
     if not table.skipped:
         table.notes += [f"{s}." for s in skipped]
@@ -135,7 +136,7 @@ def compare_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -
     cosine), one colour per condition."""
     ref = options.reference
     title = f"Every condition against {ref}: output by decode step, residual stream by layer"
-    fig_file, data = from_table("compare.png", title, compare_table, models, options)
+    fig_file, data = from_table("compare_curves.png", title, compare_table, models, options)
     if data is None:
         return fig_file
     panels = [p for p in (("kl", compare.kl_direction(ref) + " (nats)"), ("agree", "greedy agreement (fraction)"),
