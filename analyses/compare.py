@@ -44,6 +44,7 @@ from .streaming import as_dask, as_str, condition_sort_key, group_sums, layer_va
 OUTPUT_METRICS = ("kl", "rank", "agree")
 HIDDEN_METRICS = ("norm_ratio", "cos")
 ANSWER_LABEL = "run_answer_ids"
+ANSWER_LACKING = f"{ANSWER_LABEL} (the answer's token ids; a store written before runs recorded them lacks it)"
 
 
 def conditions_of(ds: xr.Dataset) -> list[str]:
@@ -99,7 +100,7 @@ def output_comparison(ds: xr.Dataset, reference: str = "baseline") -> xr.Dataset
 def answer_ids(ds: xr.Dataset) -> np.ndarray:
     """The first answer token of every run (-1 where the run's sample has no answer)."""
     if ANSWER_LABEL not in ds.variables:
-        raise MissingInputs(f"{ANSWER_LABEL} (the answer's tokens, stored by runs with an answered data set)")
+        raise MissingInputs(ANSWER_LACKING)
     first = []
     for text in as_str(ds[ANSWER_LABEL].values):
         ids = json.loads(text) if text else []

@@ -196,6 +196,7 @@ def test_a_store_with_logprobs_alone_gets_the_output_metrics(logprobs_only, caps
     assert cells[7:14] == ["n/a"] * 7                                     # answer, accuracy, hidden
     assert "residual-stream norm ratio and cosine not computed: needs hidden (a `layer` capture)" in compared
     assert "accuracy not computed: needs run_response" in compared
+    assert "Δ log-prob of the answer not computed: needs run_answer_ids (the answer's token ids" in compared
     # `alpha` runs its logit KL and rank (it needed decode_attention and hidden before)
     alpha = out.split("### Scaling the projector output by alpha", 1)[1]
     assert "skipped" not in alpha.split("\n\n", 2)[0]

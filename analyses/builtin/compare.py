@@ -30,8 +30,7 @@ MODALITY_STYLES = {"vision": "-", "text": "--"}
 def _parts(ds: xr.Dataset) -> dict[str, list[str]]:
     """Each part of the comparison and what the model lacks for it (empty: it can run)."""
     logprobs = [] if "logprobs" in ds.data_vars else ["logprobs (a `logits` capture)"]
-    answer = logprobs + ([] if compare.ANSWER_LABEL in ds.variables else
-                         [f"{compare.ANSWER_LABEL} (the answer's tokens, stored by runs of samples with answers)"])
+    answer = logprobs + ([] if compare.ANSWER_LABEL in ds.variables else [compare.ANSWER_LACKING])
     return {"output": logprobs, "answer": answer,
             "hidden": [] if "hidden" in ds.data_vars else ["hidden (a `layer` capture)"],
             "accuracy": accuracy.lacking(ds)}
@@ -141,6 +140,9 @@ def compare_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -
         return fig_file
     panels = [p for p in (("kl", compare.kl_direction(ref) + " (nats)"), ("agree", "greedy agreement (fraction)"),
                           ("norm_ratio", "‖h‖ / ‖h_ref‖"), ("cos", "cos(h, h_ref)")) if p[0] in data]
+    if not panels:
+        fig_file.skipped = "no model holds logprobs or hidden (curves over decode steps or layers)"
+        return fig_file
     fig, axes = grid(len(data.model), len(panels))
     for row, model in enumerate(data.model.values):
         values = data.sel(model=model)
