@@ -171,8 +171,10 @@ def test_table_and_report_name_every_condition(store, tmp_path, capsys):
         ds = workbench.open_store(store, model=model)
         held = set(np.asarray(ds["run_condition"].values).astype(object).astype(str)) - {"baseline"}
         named = [row[1] for row in table.rows if row[0] == model]
-        assert sorted(named) == sorted(held) and len(named) == len(held)
-    assert {row[1] for row in table.rows} == set(conditions)
+        assert named[0] == "baseline (reference)" and sorted(named[1:]) == sorted(held) and len(named) == len(held) + 1
+        reference = next(row for row in table.rows if row[:2] == [model, "baseline (reference)"])
+        assert str(reference[2]) == "0.000 [0.000, 0.000]" and str(reference[8]) == "1.00 [1.00, 1.00]"  # KL, accuracy
+    assert {row[1] for row in table.rows} == {"baseline (reference)", *conditions}
     path = write_report(store, tmp_path / "report", opts)
     report = path.read_text()
     body = section(report, "Every condition against the reference")

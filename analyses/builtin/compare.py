@@ -4,6 +4,7 @@ the reference's top token and greedy-token agreement (at `--step` and over every
 Δ log-prob of the stored answer's first token, accuracy and its difference, and the residual
 stream's norm ratio ‖h‖/‖h_ref‖ and cos(h, h_ref) per modality at the last stored layer. Each part
 reads only its own variables; a part a model lacks is `n/a`, with a note saying what it needs.
+One row per condition, the reference's own first (its accuracy; its comparisons are 0 and 1).
 Figure `compare_curves.png`: per model, KL and agreement against the decode step, the norm ratio and
 cosine against the layer (vision solid, text dashed), one colour per condition.
 """
@@ -101,7 +102,7 @@ def compare_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             if part == "output" and step not in parts[-1].step.values:
                 skipped.append(f"{model}: no decode step {step} (the store holds steps 0–{parts[-1].sizes['step'] - 1})")
         data = xr.merge(parts, join="outer", compat="override")
-        for condition in [c for c in compare.conditions_of(ds) if c != ref]:
+        for condition in [ref, *[c for c in compare.conditions_of(ds) if c != ref]]:  # the reference: its accuracy
             at = {"condition": condition}
             last = {"layer": last_layers[model]} if model in last_layers else {}
             cells = [_cell(data, "kl", 3, **at, step=step), _cell(data, "kl_all_steps", 3, **at),
@@ -111,7 +112,7 @@ def compare_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             for modality in ("vision", "text"):
                 cells += [_cell(data, name, 3, **at, modality=modality, **last) if last else NA
                           for name in ("norm_ratio", "cos")]
-            b.table.rows.append([model, condition, *cells])
+            b.table.rows.append([model, f"{condition} (reference)" if condition == ref else condition, *cells])
             b.count(model, *[data[name].sel(at) for name in data.data_vars if condition in data[name].condition])
         return data
 
