@@ -17,6 +17,8 @@ per sample:
 - `attention.prefill_vision_mass`, `attention.decode_vision_mass`, `attention.vision_attention_kl`
 - `logits.logit_kl`, `logits.median_rank`                   next-token distributions
 - `kv.kv_cosine`, `kv.kv_substitution`                      the KV cache under intervention
+- `compare.output_metrics`, `compare.hidden_metrics`,      any condition against a reference: output
+  `compare.answer_logprob_delta`, `compare.accuracy_metrics`  KL, rank, agreement; ‖h‖/‖h_ref‖, cos; Δ ln p(answer); accuracy
 
 The definitions the study leaves open are keyword arguments with the defaults of its code
 (`text_set=` of the residual-stream functions, `average_layers=` of `kv_cosine` and

@@ -48,7 +48,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="recompute cached analyses")
     parser.add_argument("--models", type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
                         help="comma-separated model ids (default: every model in the store)")
-    parser.add_argument("--reference", help="reference (real image) condition (default: baseline)")
+    parser.add_argument("--reference", help="reference condition: the real image, unmodified, which the comparisons (`compare`, "
+                        "KLs, cosines) are against (default: baseline)")
     parser.add_argument("--blank", help="blank-image condition (default: blank)")
     parser.add_argument("--text-only", help="no-image condition (default: none)")
     parser.add_argument("--hybrid", help="KV-substitution condition (default: hybrid)")

@@ -32,7 +32,8 @@ dims and token labels), but every tensor is built from closed-form parameters:
   are `counting` items (answer `str(i % 5)`, mode `numeric`, a right response `"There are N."`),
   odd ones `color` items (answer `red`, mode `exact`, a right response `"Red."`); the response
   is right under the baseline and α = 1 always, under α = 3 for even samples, under α = 0.1
-  never, under any other condition for samples with i % 3 == 0; a wrong one is `"no idea"`.
+  never, under any other condition for samples with i % 3 == 0; a wrong one is `"no idea"`; the
+  answer's tokens (`run_answer_ids`) are the one token `answer_token(i, vocab)`.
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -207,7 +208,7 @@ def write_synthetic_store(
                                ("position", "modality", "token_id")
                                or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
                     if "generated" in keep:
-                        tensors.update(_answer_labels(i_sample, condition))
+                        tensors.update(_answer_labels(i_sample, condition, m.vocab))
                     attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
@@ -223,14 +224,19 @@ def answer_is_right(i: int, condition: str) -> bool:
     return condition != "alpha=0.1" and i % 3 == 0
 
 
-def _answer_labels(i: int, condition: str) -> dict[str, Variable]:
-    """run_category, run_answer, run_all_answers, run_eval_mode and run_response of sample i."""
+def answer_token(i: int, vocab: int) -> int:
+    """The token id sample i's answer is stored as (`run_answer_ids`: one token)."""
+    return (7 * i + 3) % vocab
+
+
+def _answer_labels(i: int, condition: str, vocab: int) -> dict[str, Variable]:
+    """run_category, run_answer, run_all_answers, run_eval_mode, run_response and run_answer_ids of sample i."""
     category, answer, mode, right = (("counting", str(i % 5), "numeric", f"There are {i % 5}.") if i % 2 == 0
                                      else ("color", "red", "exact", "Red."))
     response = right if answer_is_right(i, condition) else "no idea"
     return {name: Variable(("run",), np.array([text], dtype=object)) for name, text in
             (("run_category", category), ("run_answer", answer), ("run_all_answers", "[]"), ("run_eval_mode", mode),
-             ("run_response", response))}
+             ("run_response", response), ("run_answer_ids", f"[{answer_token(i, vocab)}]"))}
 
 
 def _sample_tensors(m: SyntheticModel, rng: np.random.Generator, i: int) -> dict[str, np.ndarray]:

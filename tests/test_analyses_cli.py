@@ -166,7 +166,7 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     out = tables.analyze(path)
     assert "### Vision/text norm ratio" in out and "### Relative first update" in out
     skipped = [line for line in out.splitlines() if "skipped" in line]
-    assert len(skipped) == 10
+    assert len(skipped) == 9
     assert f"{FULL}: needs keys, values" in out  # kv-heads as kv-cosine
     assert f"{FULL}: needs prefill_vision_mass or decode_attention (capture `attention`)" in out
     assert f"{FULL}: needs attn_out, mlp_out" in out and f"{FULL}: needs lens_ids, lens_logprobs" in out
@@ -174,7 +174,11 @@ def test_tables_name_what_a_store_lacks(tmp_path):
     assert f"{FULL}: needs run_response (a `logits` capture" in out
     assert "Norm atlas" in out and f"{FULL}: needs vision, vision_hidden, embed_table_norms" in out
     assert f"correlation" in out.lower() and f"{FULL}: needs condition 'blank' or 'none'" in out
-    assert f"{FULL}: needs decode_attention, logprobs" in out
+    # alpha: each column from its own variable: the norm ratio runs, the KLs say what they need
+    assert "### Scaling the projector output by alpha" in out
+    assert f"Not computed (n/a): {FULL}: logit kl needs logprobs." in out
+    assert f"Not computed (n/a): {FULL}: attention kl needs decode_attention." in out
+    assert "### Every condition against baseline" in out   # compare: the residual stream alone
     assert f"{FULL}: needs keys, values" in out
     assert f"{FULL}: needs logprobs, condition 'blank', condition 'hybrid'" in out
     data = tables.build_tables(path, ["norm-ratio"])[0].data

@@ -125,3 +125,11 @@ def test_a_plugin_outside_the_package_appears_in_analyze_and_report(small_store,
     broken = workbench("analyze", str(small_store), "--plugins", "mylab_nowhere", plugins_dir=plugins)
     assert broken.returncode == 2 and "cannot import plugin module 'mylab_nowhere'" in broken.stderr
     assert "Traceback" not in broken.stderr
+
+
+def test_the_readme_names_every_registered_analysis():
+    """The README's list of tables (`Tables (...): ...` under Analyses) names every registered
+    analysis, in backquotes."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listing = readme.split("\nTables (", 1)[1].split("\n\n", 1)[0]
+    assert [n for n in registry.names() if f"`{n}`" not in listing] == []

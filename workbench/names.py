@@ -12,7 +12,7 @@ PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
 # readable labels the runner stores beside the ids (workbench.runner.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
-               "run_generated_text", "run_response")
+               "run_generated_text", "run_response", "run_answer_ids")
 # the per-run text labels above (all but token_text) are stored together, one JSON object per run,
 # in this one array: a commit then appends one array for them instead of eight
 RUN_TEXT = "run_text"

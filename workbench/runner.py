@@ -216,7 +216,9 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
     capture; `run_response`: the same cut before the first special token, e.g. the end of the
     turn, with special tokens dropped: what the accuracy analysis scores) and the sample's
     category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
-    accepted answer (`run_all_answers`, a JSON list)."""
+    accepted answer (`run_all_answers`, a JSON list), and the answer's token ids (`run_answer_ids`,
+    a JSON list, tokenized without special tokens as the model would continue with it; `[]`
+    where the sample has none: the `compare` analysis reads the first one's log-prob)."""
     ids = np.asarray(inputs.input_ids).reshape(-1).tolist()
     token_texts = token_texts or TokenTexts(tokenizer)
     tokens = token_texts(ids)
@@ -229,6 +231,7 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
         "run_answer": Variable(("run",), np.array([sample.answer or ""], dtype=object)),
         "run_eval_mode": Variable(("run",), np.array([sample.eval_mode or ""], dtype=object)),
         "run_all_answers": Variable(("run",), np.array([json.dumps(list(sample.all_answers))], dtype=object)),
+        "run_answer_ids": Variable(("run",), np.array([json.dumps(answer_ids(tokenizer, sample.answer))], dtype=object)),
     }
     if generated is not None:
         steps = [int(i) for i in np.asarray(generated).reshape(-1)]
@@ -236,6 +239,13 @@ def text_labels(tokenizer: Any, inputs: Any, sample: Any, result: Any,
         labels["run_generated_text"] = Variable(("run",), np.array([text], dtype=object))
         labels["run_response"] = Variable(("run",), np.array([response_text(tokenizer, steps)], dtype=object))
     return labels
+
+
+def answer_ids(tokenizer: Any, answer: str | None) -> list[int]:
+    """The answer's token ids without special tokens (none for no answer)."""
+    if not answer or not answer.strip():
+        return []
+    return [int(i) for i in tokenizer.encode(answer, add_special_tokens=False)]
 
 
 def response_text(tokenizer: Any, ids: list[int]) -> str:

@@ -7,6 +7,7 @@ attention mass per layer, per model).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import xarray as xr
 from .. import attention, logits, norms
 from ..figures import ALPHA_LABEL, DECODER_LAYER_LABEL, FigureFile, alpha_series, band, grid, model_colors, save, usable
 from ..registry import Analysis, register_analysis
-from ..tables import Builder, Options, Table, estimate, missing, sweep_conditions, sweep_name
+from ..tables import Builder, Cell, Options, Table, estimate, missing, sweep_conditions, sweep_name
 
 
 def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
@@ -24,8 +25,16 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
                 ["model", sweep if sweep != "alpha" else "α", "vision/text norm ratio", "attention KL", "logit KL",
                  "median rank"], options, medians=True)
 
+    # each column reads only its own variable: a store with `logprobs` alone gets the logit KL and rank
+    lacks = {"norm_ratio": lambda ds: missing(ds, ("hidden",), (), (0,)),
+             "attention_kl": lambda ds: missing(ds, ("decode_attention",)),
+             "logit_kl": lambda ds: missing(ds, ("logprobs",)), "median_rank": lambda ds: missing(ds, ("logprobs",))}
+    not_computed: list[str] = []
+
     def need(ds: xr.Dataset) -> list[str]:
-        lacking = missing(ds, ("hidden", "decode_attention", "logprobs"), (ref,), (0,))
+        lacking = missing(ds, (), (ref,))
+        if not lacking and all(lack(ds) for lack in lacks.values()):
+            lacking = ["hidden (layer 0), decode_attention or logprobs"]
         if not lacking and not sweep_conditions(ds, sweep):
             lacking = [f"conditions sweeping {sweep}"]
         return lacking
@@ -34,22 +43,30 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         conditions = sweep_conditions(ds, sweep)
         names = [c for c, _, _ in conditions]
         defs = options.definitions_for(ds)
-        parts = {
-            "norm_ratio": norms.vision_text_ratio(ds, layer=0, text_set=defs["text_set"], **options.boot()),
-            "attention_kl": attention.vision_attention_kl(ds, ref, options.step, average_layers=defs["average_layers"],
-                                                          **options.boot()),
-            "logit_kl": logits.logit_kl(ds, ref, options.step, **options.boot()),
-            "median_rank": logits.median_rank(ds, ref, options.step, rank_base=defs["rank_base"], **options.boot()),
+        compute = {
+            "norm_ratio": lambda: norms.vision_text_ratio(ds, layer=0, text_set=defs["text_set"], **options.boot()),
+            "attention_kl": lambda: attention.vision_attention_kl(ds, ref, options.step,
+                                                                  average_layers=defs["average_layers"], **options.boot()),
+            "logit_kl": lambda: logits.logit_kl(ds, ref, options.step, **options.boot()),
+            "median_rank": lambda: logits.median_rank(ds, ref, options.step, rank_base=defs["rank_base"], **options.boot()),
         }
-        parts = {k: v.reindex(condition=names) for k, v in parts.items()}
+        parts = {}
+        for k, make in compute.items():
+            if lacks[k](ds):
+                not_computed.append(f"{model}: {k.replace('_', ' ')} needs {', '.join(lacks[k](ds))}")
+            else:
+                parts[k] = make().reindex(condition=names)
         for condition, _, label in conditions:
             row = {k: v.sel(condition=condition) for k, v in parts.items()}
-            b.table.rows.append([model, label, estimate(row["norm_ratio"], 2), estimate(row["attention_kl"], 2),
-                                 estimate(row["logit_kl"], 2), estimate(row["median_rank"], 1)])
+            b.table.rows.append([model, label, *[estimate(row[k], 1 if k == "median_rank" else 2) if k in row
+                                                 else Cell(math.nan, math.nan, math.nan) for k in compute]])
             b.count(model, *row.values())
         return xr.Dataset({k: v.rename(n_samples=f"n_samples_{k}") for k, v in parts.items()})
 
-    return b.run(models, need, fill)
+    table = b.run(models, need, fill)
+    if not table.skipped:
+        table.notes += [f"Not computed (n/a): {line}." for line in not_computed]
+    return table
 
 
 def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
