@@ -70,7 +70,8 @@ def _runs(opened: dict[str, xr.Dataset]) -> list[dict]:
 
 def _appendix(opened: dict[str, xr.Dataset], options: Options) -> list[html.HtmlSection]:
     """The HTML report's last sections: definitions, provenance, specs."""
-    definitions = [f"- **{model}**: {describe_definitions(options.definitions_for(ds))}" for model, ds in opened.items()]
+    definitions = [f"- **{model}**: {describe_definitions(options.definitions_for(ds)).removeprefix('Definitions: ')}"
+                   for model, ds in opened.items()]
     runs = _runs(opened)
     provenance, specs = [], []
     for i, run in enumerate(runs, 1):
