@@ -42,25 +42,19 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `kv-cosine` table against the swept value: cos(K′,K) and cos(V′,V), one line per model."""
     ref, sweep = options.reference, options.sweep
     plot = Plot("kv_cosine_vs_alpha", f"Vision-token keys and values against {ref} as {sweep_name(sweep)} varies "
                 "(mean over layers)", options, out)
-
-    def need(ds: xr.Dataset) -> list[str]:
-        lacking = missing(ds, ("keys", "values"), (ref,))
-        if not lacking and not sweep_conditions(ds, sweep):
-            lacking.append(f"conditions sweeping {sweep}")
-        return lacking
-
-    ready = plot.ready(models, need)
-    if not ready:
+    data = plot.table(kv_cosine_table, models, options)
+    if data is None:
         return plot.file
     colors = model_colors(list(models))
     _, axes = plot.grid(1, 2, width=5.5, height=3.8)
-    for model, ds in ready.items():
-        est = kv.kv_cosine(ds, ref, "vision", average_layers=options.definitions_for(ds)["average_layers"], **options.boot())
-        band(axes[0, 0], *alpha_series(ds, est["cos_k"], sweep), colors[model], model, marker="o")
-        band(axes[0, 1], *alpha_series(ds, est["cos_v"], sweep), colors[model], model, "--", marker="s")
+    for model in [str(m) for m in data.model.values]:
+        est = data.sel(model=model)
+        band(axes[0, 0], *alpha_series(models[model], est["cos_k"], sweep), colors[model], model, marker="o")
+        band(axes[0, 1], *alpha_series(models[model], est["cos_v"], sweep), colors[model], model, "--", marker="s")
     axes[0, 0].set(title="keys: cos(K′, K)")
     axes[0, 1].set(title="values: cos(V′, V)")
     for ax in axes[0]:
