@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import Bbox
 
 from analyses import registry
@@ -114,6 +115,11 @@ def check(figure: FigureFile) -> None:
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not overlap(texts[a], texts[b]), (figure.name, a, b)
+    # a colour bar labels its length only (no stray "0 1" across it)
+    for bar in (ax for ax in fig.axes if ax.get_label() == "<colorbar>"):
+        box = bar.get_position()
+        across = bar.xaxis if box.height > box.width else bar.yaxis
+        assert not [t.get_text() for t in across.get_ticklabels() if t.get_text()], (figure.name, "colour bar")
     # whole layers at every tick of a layer axis; plain numbers on log axes (no "6×10⁻¹")
     for ax in shown:
         for axis in (ax.xaxis, ax.yaxis):
@@ -167,6 +173,11 @@ def defective(kind: str, out: Path) -> FigureFile:
     if kind == "repeated colours":
         for i in range(3):
             ax.plot(x, x + i, color=["black", "orange"][i % 2], label=f"alpha={i}")
+    elif kind == "colour-bar ticks":
+        image = ax.imshow(np.arange(4.0).reshape(2, 2), extent=(-0.5, 1.5, -0.5, 1.5))
+        bar = fig.colorbar(image, ax=ax)
+        bar.ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # what one locator for every linear axis did
+        bar.ax.xaxis.set_ticks_position("bottom")
     elif kind == "single points":
         ax.plot([0], [1.0], marker="o", label="alpha=1")
     else:
@@ -184,7 +195,7 @@ def defective(kind: str, out: Path) -> FigureFile:
 
 
 @pytest.mark.parametrize("kind", ["repeated colours", "single points", "legend over the curves", "half-layer ticks",
-                                  "clipped title"])
+                                  "clipped title", "colour-bar ticks"])
 def test_the_checks_catch_the_defects_they_name(kind, tmp_path):
     check(defective("none", tmp_path))   # the same figure without the defect passes
     with pytest.raises(AssertionError):
