@@ -138,7 +138,7 @@ def modality_panels(plot: Plot, data: xr.Dataset, x: str, panels: tuple[tuple[st
     """One row of panels per model (one per (variable, label) of `panels`), one line per modality
     with its CI band, over the layer dim `x`."""
     if x in data.dims and data.sizes[x] < 2:
-        return plot.skip(f"two or more of {x} for a curve (the store holds {x} "
+        return plot.skip(f"two or more values of {x} for a curve (the store holds {x} "
                          f"{', '.join(str(int(v)) for v in data[x].values)})")
     _, axes = plot.grid(len(data.model), len(panels))
     for row, model in enumerate(data.model.values):

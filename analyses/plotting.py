@@ -212,7 +212,7 @@ def fit_titles(fig: Figure, title: str) -> Text:
     fig.canvas.draw()   # the layout and the renderer the extents are measured with
     renderer = fig.canvas.get_renderer()
     for ax in data_axes(fig):
-        _wrap_to(ax.title, ax.get_window_extent(renderer).width * 1.1, renderer)
+        _wrap_to(ax.title, ax.get_window_extent(renderer).width, renderer)
     _wrap_to(suptitle, fig.bbox.width * 0.95, renderer)
     return suptitle
 

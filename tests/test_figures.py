@@ -111,6 +111,11 @@ def check(figure: FigureFile) -> None:
     for i, legend in enumerate(legends):
         for ax in shown:
             assert not overlap(texts[f"legend {i}"], ax.get_window_extent(renderer)), (figure.name, ax.get_title())
+    for i, ax in enumerate(shown):   # a panel's title stays off the other panels and their axis labels
+        for other in shown:
+            if other is not ax and ax.get_title():
+                for box in (other.get_window_extent(renderer), other.yaxis.label.get_window_extent(renderer)):
+                    assert not overlap(texts[f"title of panel {i}"], box), (figure.name, ax.get_title())
     names = list(texts)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
