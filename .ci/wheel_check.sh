@@ -77,5 +77,5 @@ PY
 read/bin/workbench info stores/tiny.zarr
 read/bin/workbench analyze stores/tiny.zarr norm-ratio
 read/bin/workbench report stores/tiny.zarr --out report >/dev/null
-test -s report/report.md
+test -s report/report.md && test -s report/report.html
 step "wheel check passed"

@@ -31,7 +31,8 @@ analysis is declared once, by `register_analysis(Analysis(...))` (`registry`): i
 metrics, its table, its figures and its report section. The built-ins are one module each in
 `analyses/builtin/`; a user's module registers the same way and is loaded with `--plugins MODULE`
 (or an entry point of the group `workbench.analyses`). Tables are built with `tables.Builder`,
-figures with the helpers of `figures`. Expensive per-sample reductions are cached in the store
+figures with `figures.Plot` and the drawing helpers of `plotting`; `report` also writes the
+report as one HTML file (`html`). Expensive per-sample reductions are cached in the store
 (`cache`); `streaming` reads bounded blocks; `synthetic` writes a store whose answers are known,
 for tests and demos.
 """

@@ -25,8 +25,11 @@ ANALYZE_DESCRIPTION = (
     "markdown. Results are cached in STORE/_analyses and reused while the store is unchanged. Tables whose "
     "inputs the store lacks are skipped with one line each."
 )
-REPORT_HELP = "write the study's figures (PNG) and tables into DIR/report.md"
-REPORT_DESCRIPTION = "Write DIR/report.md with every table of `analyze` and the figures (PNG) it embeds."
+REPORT_HELP = "write the study's tables and figures into DIR/report.md and DIR/report.html"
+REPORT_DESCRIPTION = ("Write DIR/report.md with every table of `analyze` and the figures it embeds (PNG, or --format), "
+                      "and DIR/report.html: the same report as one self-contained file (figures inline), with the "
+                      "definitions, the provenance and the spec of the store's runs.")
+FIGURE_FORMATS = ("png", "svg", "pdf")   # what matplotlib's savefig writes that a report can link
 
 
 class _RegisteredNames(str):
@@ -70,6 +73,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
                         help="modules to import first, each registering its own analyses "
                              "(analyses.register_analysis; importable from this environment), e.g. mylab.analyses")
+    parser.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="figure_format",
+                        help="file format of the figures (default: png)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="compute on the dask.distributed scheduler at ADDRESS (e.g. tcp://10.0.0.5:8786; "
                              "default: DASK_SCHEDULER_ADDRESS, else local threads); its workers must reach STORE")
@@ -134,11 +139,13 @@ def check_arguments(args: argparse.Namespace) -> None:
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("names", nargs="*", metavar="NAME", help=_RegisteredNames("tables to print (default: all)"))
+    parser.add_argument("--figures", metavar="DIR",
+                        help="also write the figures of these analyses into DIR (in --format)")
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("--out", required=True, help="directory for report.md and the PNG figures")
+    parser.add_argument("--out", required=True, help="directory for report.md, report.html and the figures")
 
 
 def _options(args: argparse.Namespace):
@@ -146,7 +153,7 @@ def _options(args: argparse.Namespace):
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
-                   force=args.force, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   force=args.force, figure_format=args.figure_format, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 
@@ -158,7 +165,19 @@ def run_analyze(args: argparse.Namespace) -> int:
     check_arguments(args)
     with computing_on(scheduler_address(args.scheduler)):
         sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
+        if args.figures:
+            _write_figures(args)
     return 0
+
+
+def _write_figures(args: argparse.Namespace) -> None:
+    """`analyze --figures DIR`: the figures of the analyses asked for, a line for each."""
+    from .figures import write_figures
+    from .tables import open_models
+
+    for figure in write_figures(open_models(args.store, args.models), _options(args), args.figures, args.names or None):
+        print(f"figure {figure.name}: " + (f"wrote {figure.path}" if figure.path else f"skipped — {figure.skipped}"),
+              file=sys.stderr)   # stdout is the tables' markdown
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -169,8 +188,8 @@ def run_report(args: argparse.Namespace) -> int:
     check_arguments(args)
     with computing_on(scheduler_address(args.scheduler)):
         path = write_report(args.store, args.out, _options(args), args.models)
-    figures = sorted(p.name for p in path.parent.glob("*.png"))
-    print(f"wrote {path} and {len(figures)} figure(s): {', '.join(figures)}")
+    figures = sorted(p.name for p in path.parent.glob(f"*.{args.figure_format}"))
+    print(f"wrote {path}, {path.with_suffix('.html')} and {len(figures)} figure(s): {', '.join(figures)}")
     return 0
 
 

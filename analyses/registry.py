@@ -51,7 +51,7 @@ class Analysis:
     inputs: tuple[str, ...]             # store variables it reads (the captures that write them)
     metrics: tuple[Callable[..., object], ...]  # the per-model functions a Python user calls for the same numbers
     table: TableBuilder                 # every model of a store -> one table
-    figures: tuple[FigureMaker, ...] = ()   # each writes one PNG of the report's section
+    figures: tuple[FigureMaker, ...] = ()   # each writes one figure file of the report's section
     claim: str | None = None            # what the study reports about it, quoted in the report, or None
     order: int = PLUGIN_ORDER           # position of its table and section (built-ins: the study's order)
 

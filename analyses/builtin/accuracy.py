@@ -12,7 +12,8 @@ import numpy as np
 import xarray as xr
 
 from .. import accuracy
-from ..figures import ALPHA_LABEL, FigureFile, band, grid, model_colors, save, usable
+from ..figures import FigureFile, Plot
+from ..plotting import alpha_axis, band, model_colors
 from ..registry import Analysis, register_analysis
 from ..streaming import as_str, condition_sort_key
 from ..tables import Builder, Options, Table, estimate, sweep_conditions, sweep_name
@@ -60,22 +61,20 @@ def accuracy_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
     """The `accuracy` table against the swept α: one panel overall, one per category; the reference
     condition's accuracy as a dashed line in the model's colour."""
     ref, sweep = options.reference, options.sweep
-    title = f"Task accuracy against the projector scale {sweep_name(sweep)}"
-    fig_file = FigureFile("accuracy_vs_alpha.png", title)
+    plot = Plot("accuracy_vs_alpha", f"Task accuracy against the projector scale {sweep_name(sweep)}", options, out)
 
     def need(ds: xr.Dataset) -> list[str]:
         lacking = accuracy.lacking(ds)
         return lacking or ([] if sweep_conditions(ds, sweep, "run") else [f"conditions sweeping {sweep}"])
 
-    ready, skipped = usable(models, need)
+    ready = plot.ready(models, need)
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
+        return plot.file
     data = {model: accuracy.accuracy(ds, **options.boot()) for model, ds in ready.items()}
     categories = sorted({str(c) for d in data.values() if "category" in d.dims for c in d.category.values})
     panels = ["all", *categories]
     colors = model_colors(list(models))
-    fig, axes = grid(1, len(panels), width=4.2, height=3.6)
+    _, axes = plot.grid(1, len(panels), width=4.2, height=3.6)
     for model, ds in ready.items():
         conditions = sweep_conditions(ds, sweep, "run")
         x = np.array([v for _, v, _ in conditions])
@@ -92,14 +91,10 @@ def accuracy_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
                 ax.axhline(float(est.sel(condition=ref, stat="value")), color=colors[model], linestyle="--",
                            linewidth=0.9)
     for ax, panel in zip(axes[0], panels):
-        ax.set(title="all samples" if panel == "all" else panel, xscale="log", xlabel=ALPHA_LABEL,
-               ylabel="accuracy (fraction correct)", ylim=(-0.05, 1.05))
-        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
-        ax.legend(title=f"model (dashed: {ref})", fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        ax.set(title="all samples" if panel == "all" else panel, ylabel="accuracy (fraction correct)",
+               ylim=(-0.05, 1.05))
+        alpha_axis(ax)
+    return plot.finish(f"model (dashed: {ref})")
 
 
 register_analysis(Analysis(

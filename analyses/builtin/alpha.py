@@ -14,7 +14,8 @@ import numpy as np
 import xarray as xr
 
 from .. import attention, logits, norms
-from ..figures import ALPHA_LABEL, DECODER_LAYER_LABEL, FigureFile, alpha_series, band, grid, model_colors, save, usable
+from ..figures import FigureFile, Plot, alpha_series
+from ..plotting import DECODER_LAYER_LABEL, alpha_axis, band, layer_axis, model_colors
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Cell, Options, Table, estimate, missing, sweep_conditions, sweep_name
 
@@ -71,8 +72,7 @@ def alpha_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     ref, sweep = options.reference, options.sweep
-    title = f"Divergence from {ref} against the projector scale {sweep_name(sweep)}"
-    fig_file = FigureFile("kl_vs_alpha.png", title)
+    plot = Plot("kl_vs_alpha", f"Divergence from {ref} against the projector scale {sweep_name(sweep)}", options, out)
 
     def need(ds: xr.Dataset) -> list[str]:
         lacking = missing(ds, (), (ref,))
@@ -82,54 +82,40 @@ def kl_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
             lacking.append(f"conditions sweeping {sweep}")
         return lacking
 
-    ready, skipped = usable(models, need)
+    ready = plot.ready(models, need)
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
+        return plot.file
     colors = model_colors(list(models))
     kinds = [k for k in ("decode_attention", "logprobs") if any(k in ds.data_vars for ds in ready.values())]
-    fig, axes = grid(1, len(kinds), width=5.5, height=3.8)  # a panel only for what the store holds
+    _, axes = plot.grid(1, len(kinds), width=5.5, height=3.8)  # a panel only for what the store holds
     panel = {kind: axes[0, i] for i, kind in enumerate(kinds)}
     for model, ds in ready.items():
-        panels = []
         if "decode_attention" in ds.data_vars:
             average_layers = options.definitions_for(ds)["average_layers"]
-            panels.append((panel["decode_attention"], attention.vision_attention_kl(
-                ds, ref, options.step, average_layers=average_layers, **options.boot())))
+            est = attention.vision_attention_kl(ds, ref, options.step, average_layers=average_layers, **options.boot())
+            band(panel["decode_attention"], *alpha_series(ds, est, sweep), colors[model], model, marker="o")
         if "logprobs" in ds.data_vars:
-            panels.append((panel["logprobs"], logits.logit_kl(ds, ref, options.step, **options.boot())))
-        for ax, est in panels:
-            x, est = alpha_series(ds, est, sweep)
-            band(ax, x, est, colors[model], model, marker="o")
-    if "decode_attention" in panel:
-        panel["decode_attention"].set(title=f"attention over vision keys (decode step {options.step};\nmean over "
-                                      "layers and heads)", ylabel=f"KL({ref} ‖ condition) (nats)")
-    if "logprobs" in panel:
-        panel["logprobs"].set(title=f"next-token distribution\n(decode step {options.step})",
-                              ylabel=f"KL({ref} ‖ condition) (nats)")
-    for ax in axes[0]:
-        ax.set(xscale="log", xlabel=ALPHA_LABEL)
-        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+            est = logits.logit_kl(ds, ref, options.step, **options.boot())
+            band(panel["logprobs"], *alpha_series(ds, est, sweep), colors[model], model, marker="o")
+    titles = {"decode_attention": f"attention over vision keys (decode step {options.step}; mean over layers and heads)",
+              "logprobs": f"next-token distribution (decode step {options.step})"}
+    for kind, ax in panel.items():
+        ax.set(title=titles[kind], ylabel=f"KL({ref} ‖ condition) (nats)")
+        alpha_axis(ax)
         ax.set_ylim(bottom=0)
-        ax.legend(title="model", fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+    return plot.finish("model")
 
 
 def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     ref = options.reference
-    title = f"Text → vision attention mass per decoder layer ({ref})"
-    fig_file = FigureFile("attention_mass.png", title)
-    ready, skipped = usable(models, lambda ds: [] if {"prefill_vision_mass", "decode_attention"} & set(ds.data_vars)
-                            and ref in np.asarray(ds["condition"].values).astype(object).astype(str)
-                            else ["prefill_vision_mass or decode_attention", f"condition {ref!r}"])
+    plot = Plot("attention_mass", f"Text → vision attention mass per decoder layer ({ref})", options, out)
+    ready = plot.ready(models, lambda ds: [] if {"prefill_vision_mass", "decode_attention"} & set(ds.data_vars)
+                       and ref in np.asarray(ds["condition"].values).astype(object).astype(str)
+                       else ["prefill_vision_mass or decode_attention", f"condition {ref!r}"])
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
+        return plot.file
     colors = model_colors(list(models))
-    fig, axes = grid(1, 2, width=5.5, height=3.8)
+    _, axes = plot.grid(1, 2, width=5.5, height=3.8)
     for model, ds in ready.items():
         if "prefill_vision_mass" in ds.data_vars:
             mass = attention.prefill_vision_mass(ds, "text", **options.boot()).sel(condition=ref)
@@ -137,17 +123,13 @@ def attention_mass(models: dict[str, xr.Dataset], options: Options, out: Path) -
         if "decode_attention" in ds.data_vars:
             mass = attention.decode_vision_mass(ds, None, **options.boot()).sel(condition=ref)
             band(axes[0, 1], mass.decoder_layer, mass, colors[model], model, marker="o")
-    axes[0, 0].set(title="prefill: text-token queries\n(mean over heads and text tokens)", xlabel=DECODER_LAYER_LABEL,
-                   ylabel="attention mass on vision keys (probability)")
-    axes[0, 1].set(title="decode: generated-token queries\n(mean over heads and decode steps)",
-                   xlabel=DECODER_LAYER_LABEL, ylabel="attention mass on vision keys (probability)")
+    axes[0, 0].set(title="prefill: text-token queries (mean over heads and text tokens)")
+    axes[0, 1].set(title="decode: generated-token queries (mean over heads and decode steps)")
     for ax in axes[0]:
+        ax.set(ylabel="attention mass on vision keys (probability)")
         ax.set_ylim(bottom=0)
-        ax.legend(title="model", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        layer_axis(ax.xaxis, DECODER_LAYER_LABEL)
+    return plot.finish("model")
 
 
 register_analysis(Analysis(

@@ -13,7 +13,8 @@ import xarray as xr
 
 from .. import atlas
 from ..bootstrap import STATS
-from ..figures import MODALITY_COLORS, FigureFile, band, from_table, grid, save
+from ..figures import FigureFile, Plot
+from ..plotting import MODALITY_COLORS, band
 from ..registry import Analysis, register_analysis
 from ..streaming import as_str
 from ..tables import Builder, Options, Table, estimate, missing
@@ -64,17 +65,17 @@ def ladder_stages(n_vision_layers: int) -> list[str]:
 
 
 def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
-    """The `atlas` table as a ladder per model: mean norm (log) at each stage of the interface.
-    Vision: each tower layer, the tower's output, the connector's output at the LLM input (CI
-    bands). Text: the embedding table's mean row norm (error bar: p5–p95 of the vocabulary) and the
-    text tokens at the LLM input."""
-    title = f"Norm ladder across the vision-language interface ({options.reference})"
-    fig_file, data = from_table("norm_ladder.png", title, atlas_table, models, options)
+    """The `atlas` table as a ladder per model: mean norm (log) at each stage of the interface, on
+    one y scale for every model, so that families compare by eye. Vision: each tower layer, the
+    tower's output, the connector's output at the LLM input (CI bands). Text: the embedding table's
+    mean row norm (error bar: p5–p95 of the vocabulary) and the text tokens at the LLM input."""
+    plot = Plot("norm_ladder", f"Norm ladder across the vision-language interface ({options.reference})", options, out)
+    data = plot.table(atlas_table, models, options)
     if data is None:
-        return fig_file
+        return plot.file
     names = [str(m) for m in data.model.values]
     n_cols = min(4, len(names))
-    fig, axes = grid(-(-len(names) // n_cols), n_cols, width=4.2)
+    _, axes = plot.grid(-(-len(names) // n_cols), n_cols, width=4.2, sharey=True)
     for ax in axes.flat[len(names):]:
         ax.set_visible(False)
     for ax, model in zip(axes.flat, names):
@@ -87,19 +88,18 @@ def norm_ladder(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
                                  row["vision_norm"].values[None], row["connector_norm"].values[None]])
         x = [*range(n + 1), n + 2]
         band(ax, x, xr.DataArray(vision, dims=("x", "stat"), coords={"stat": list(STATS)}),
-              MODALITY_COLORS["vision"], "vision", marker="o")
+             MODALITY_COLORS["vision"], "vision", marker="o")
         mean, low, high = (float(row[k]) for k in ("table_mean", "table_p05", "table_p95"))
         ax.errorbar([n + 1], [mean], yerr=[[mean - low], [high - mean]], color=MODALITY_COLORS["text"], marker="s",
                     capsize=3, linestyle="none", label="text: embedding table (p5–p95)")
         band(ax, [n + 2], row["text_input_norm"].expand_dims(x=1), MODALITY_COLORS["text"], "text: LLM input",
-              marker="o")
+             marker="o")
         ax.set_xticks(range(len(stages)), stages, rotation=45, ha="right", fontsize=7)
-        ax.set(title=model, ylabel="mean L2 norm (log)", yscale="log")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        ax.set(title=f"{model} ({models[model].attrs.get('family', '?')})", yscale="log")
+        ax.tick_params(axis="y", labelleft=True)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean L2 norm (log)")
+    return plot.finish("norm")
 
 
 # no claim quoted: the study measured two models; the cross-family question is the guide's

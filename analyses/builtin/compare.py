@@ -15,12 +15,11 @@ import math
 from pathlib import Path
 
 import xarray as xr
-from matplotlib import colormaps
-from matplotlib.colors import to_hex
 
 from .. import accuracy, compare
 from ..bootstrap import summarize
-from ..figures import LAYER_LABEL, FigureFile, band, condition_colors, from_table, grid, save
+from ..figures import FigureFile, Plot
+from ..plotting import band, condition_colors, layer_axis
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Cell, Options, Table, estimate, missing
 
@@ -136,19 +135,21 @@ def compare_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -
     cosine), one colour per condition."""
     ref = options.reference
     title = f"Every condition against {ref}: output by decode step, residual stream by layer"
-    fig_file, data = from_table("compare_curves.png", title, compare_table, models, options)
+    plot = Plot("compare_curves", title, options, out)
+    data = plot.table(compare_table, models, options)
     if data is None:
-        return fig_file
+        return plot.file
     panels = [p for p in (("kl", compare.kl_direction(ref) + " (nats)"), ("agree", "greedy agreement (fraction)"),
                           ("norm_ratio", "‖h‖ / ‖h_ref‖"), ("cos", "cos(h, h_ref)")) if p[0] in data]
     if not panels:
-        fig_file.skipped = "no model holds logprobs or hidden (curves over decode steps or layers)"
-        return fig_file
-    fig, axes = grid(len(data.model), len(panels))
+        return plot.skip("no model holds logprobs or hidden (curves over decode steps or layers)")
+    if {"norm_ratio", "cos"} & set(data.data_vars):
+        plot.file.title += " (per layer: vision solid, text dashed)"
+    fig, axes = plot.grid(len(data.model), len(panels))
+    conditions = [str(c) for c in data.condition.values if str(c) != ref]
+    colors = condition_colors(conditions)   # distinct for any number of conditions (plotting.distinct_colors)
     for row, model in enumerate(data.model.values):
         values = data.sel(model=model)
-        conditions = [str(c) for c in values.condition.values if str(c) != ref]
-        colors = _colors(conditions)
         for col, (name, label) in enumerate(panels):
             ax = axes[row, col]
             var = values[name]
@@ -160,25 +161,14 @@ def compare_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -
                 for modality, style in MODALITY_STYLES.items():   # one legend entry per condition
                     band(ax, var.layer, series.sel(modality=modality), colors[condition],
                          condition if modality == "vision" else "_", linestyle=style, marker="o")
-            ax.set(title=f"{model}: {label}", ylabel=label,
-                   xlabel="decode step (0: the token after the prompt)" if "step" in var.dims else LAYER_LABEL)
+            ax.set(title=f"{model}: {label}", ylabel=label)
+            if "step" in var.dims:
+                ax.set_xlabel("decode step (0: the token after the prompt)")
+            else:
+                layer_axis(ax.xaxis)
             if name == "agree":
                 ax.set_ylim(-0.05, 1.05)
-            ax.grid(alpha=0.3)
-        axes[row, 0].legend(title="condition", fontsize=8)
-    if {"norm_ratio", "cos"} & set(data.data_vars):
-        title += " (per layer: vision solid, text dashed)"
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
-
-
-def _colors(conditions: list[str]) -> dict[str, str]:
-    """One colour per condition, distinct for up to 20 conditions (tab10, then tab20)."""
-    if len(conditions) <= 5:   # the palette every figure shares
-        return condition_colors(conditions)
-    cmap = colormaps["tab10" if len(conditions) <= 10 else "tab20"]
-    return {c: to_hex(cmap(i % cmap.N)) for i, c in enumerate(conditions)}
+    return plot.finish(legend="condition")
 
 
 register_analysis(Analysis(

@@ -12,7 +12,8 @@ import numpy as np
 import xarray as xr
 
 from .. import correlation, norms, rotation
-from ..figures import LAYER_LABEL, FigureFile, band, condition_colors, grid, save, two_layers, usable
+from ..figures import FigureFile, Plot, two_layers
+from ..plotting import band, condition_colors, layer_axis
 from ..registry import Analysis, register_analysis
 from ..streaming import layout
 from ..tables import Builder, Cell, Options, Table, estimate, missing
@@ -55,8 +56,8 @@ def correlation_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     ref = options.reference
     compared = [ref, options.blank, options.text_only]
-    title = f"Text-token trajectories: {ref} vs {options.blank} image vs no image ({options.text_only})"
-    fig_file = FigureFile("text_curves.png", title)
+    plot = Plot("text_curves", f"Text-token trajectories: {ref} vs {options.blank} image vs no image "
+                f"({options.text_only})", options, out)
 
     def need(ds: xr.Dataset) -> list[str]:
         lacking = missing(ds, ("hidden",), (ref,), (0,))
@@ -65,34 +66,29 @@ def text_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
             lacking = [f"condition {options.blank!r} or {options.text_only!r}"]
         return lacking or two_layers(ds)
 
-    ready, skipped = usable(models, need)
+    ready = plot.ready(models, need)
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
+        return plot.file
     colors = condition_colors(compared)
     styles = dict(zip(compared, ("-", "--", ":")))
-    fig, axes = grid(2, len(ready))
+    labels = {ref: f"{ref} (real image)", options.blank: f"{options.blank} (blank image)",
+              options.text_only: f"{options.text_only} (no image)"}
+    _, axes = plot.grid(2, len(ready))
     for col, (model, ds) in enumerate(ready.items()):
         text_set = options.definitions_for(ds)["text_set"]
         norm = norms.norm_curves(ds, text_set=text_set, **options.boot()).sel(modality="text")
         cos = rotation.cosine_to_first(ds, text_set=text_set, **options.boot()).sel(modality="text")
-        for condition in compared:
-            if condition not in norm.condition.values:
-                continue
-            label = {ref: f"{ref} (real image)", options.blank: f"{options.blank} (blank image)",
-                     options.text_only: f"{options.text_only} (no image)"}[condition]
-            band(axes[0, col], norm.layer, norm.sel(condition=condition), colors[condition], label, styles[condition])
-            band(axes[1, col], cos.layer, cos.sel(condition=condition), colors[condition], label, styles[condition])
-        axes[0, col].set(title=f"{model}: text ‖h_l‖₂", xlabel=LAYER_LABEL,
-                         ylabel="mean text-token L2 norm (activation units)", yscale="log")
-        axes[1, col].set(title=f"{model}: text cos(h_l, h_0)", xlabel=LAYER_LABEL,
-                         ylabel="mean cos(h_l, h_0) (unitless)")
+        for condition in [c for c in compared if c in norm.condition.values]:
+            band(axes[0, col], norm.layer, norm.sel(condition=condition), colors[condition], labels[condition],
+                 styles[condition])
+            band(axes[1, col], cos.layer, cos.sel(condition=condition), colors[condition], labels[condition],
+                 styles[condition])
+        axes[0, col].set(title=f"{model}: text ‖h_l‖₂", ylabel="mean text-token L2 norm (activation units)",
+                         yscale="log")
+        axes[1, col].set(title=f"{model}: text cos(h_l, h_0)", ylabel="mean cos(h_l, h_0) (unitless)")
         for ax in axes[:, col]:
-            ax.legend(title="condition", fontsize=8)
-            ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+            layer_axis(ax.xaxis)
+    return plot.finish("condition")
 
 
 register_analysis(Analysis(

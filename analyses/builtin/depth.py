@@ -11,7 +11,8 @@ import numpy as np
 import xarray as xr
 
 from ..bootstrap import summarize
-from ..figures import LAYER_LABEL, FigureFile, band, from_table, grid, model_colors, save
+from ..figures import FigureFile, Plot
+from ..plotting import band, layer_axis, model_colors
 from ..registry import Analysis, register_analysis
 from ..residual import residual_geometry
 from ..tables import Builder, Options, Table, estimate, missing
@@ -53,25 +54,22 @@ def depth_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 def depth(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `depth` table as curves: norm growth and the update ratio per layer, one line per model."""
-    title = f"Residual-stream norm and update ratio by depth (all tokens, {options.reference})"
-    fig_file, data = from_table("depth.png", title, depth_table, models, options)
+    plot = Plot("depth", f"Residual-stream norm and update ratio by depth (all tokens, {options.reference})",
+                options, out)
+    data = plot.table(depth_table, models, options)
     if data is None:
-        return fig_file
+        return plot.file
     colors = model_colors(list(models))
-    fig, axes = grid(1, 2)
+    _, axes = plot.grid(1, 2)
     for model in data.model.values:
         row = data.sel(model=model)
         band(axes[0, 0], row.layer, row["norm"], colors[str(model)], str(model), marker="o")
         band(axes[0, 1], row.layer, row["relative_update"], colors[str(model)], str(model), marker="o")
-    axes[0, 0].set(title="‖h_l‖₂ (mean over tokens)", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
-                   yscale="log")
-    axes[0, 1].set(title="‖h_l − h_(l−1)‖₂ / ‖h_(l−1)‖₂", xlabel=LAYER_LABEL, ylabel="update ratio (unitless)")
+    axes[0, 0].set(title="‖h_l‖₂ (mean over tokens)", ylabel="L2 norm (activation units)", yscale="log")
+    axes[0, 1].set(title="‖h_l − h_(l−1)‖₂ / ‖h_(l−1)‖₂", ylabel="update ratio (unitless)")
     for ax in axes[0]:
-        ax.legend(title="model", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        layer_axis(ax.xaxis)
+    return plot.finish("model")
 
 
 register_analysis(Analysis(

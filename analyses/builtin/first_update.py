@@ -11,7 +11,8 @@ from pathlib import Path
 import xarray as xr
 
 from .. import rotation, updates
-from ..figures import LAYER_LABEL, MODALITY_COLORS, FigureFile, band, grid, save, two_layers, usable
+from ..figures import FigureFile, Plot, two_layers
+from ..plotting import MODALITY_COLORS, band, layer_axis
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, estimate, missing, modalities
 
@@ -36,26 +37,20 @@ def first_update_table(models: dict[str, xr.Dataset], options: Options) -> Table
 
 def cosine_to_first(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     ref = options.reference
-    title = f"Cosine similarity to the layer-0 hidden state ({ref})"
-    fig_file = FigureFile("cosine_to_first.png", title)
-    ready, skipped = usable(models, lambda ds: missing(ds, ("hidden",), (ref,), (0,)) or two_layers(ds))
+    plot = Plot("cosine_to_first", f"Cosine similarity to the layer-0 hidden state ({ref})", options, out)
+    ready = plot.ready(models, lambda ds: missing(ds, ("hidden",), (ref,), (0,)) or two_layers(ds))
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
-    fig, axes = grid(1, len(ready))
-    for col, (model, ds) in enumerate(ready.items()):
+        return plot.file
+    _, axes = plot.grid(1, len(ready))
+    for ax, (model, ds) in zip(axes[0], ready.items()):
         cos = rotation.cosine_to_first(ds, text_set=options.definitions_for(ds)["text_set"], **options.boot()).sel(condition=ref)
-        ax = axes[0, col]
         for modality, color in MODALITY_COLORS.items():
             band(ax, cos.layer, cos.sel(modality=modality), color, modality)
         ax.axhline(0, color="#999999", linewidth=0.8)
-        ax.set(title=model, xlabel=LAYER_LABEL, ylabel="mean cos(h_l, h_0) (unitless)")
+        ax.set(title=model, ylabel="mean cos(h_l, h_0) (unitless)")
         ax.set_ylim(top=1.05)
-        ax.legend(title="modality", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        layer_axis(ax.xaxis)
+    return plot.finish("modality")
 
 
 register_analysis(Analysis(

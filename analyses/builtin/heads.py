@@ -10,7 +10,8 @@ from pathlib import Path
 import xarray as xr
 
 from ..bootstrap import summarize
-from ..figures import FigureFile, from_table, grid, save
+from ..figures import FigureFile, Plot
+from ..plotting import DECODER_LAYER_LABEL, heatmap, not_stored
 from ..heads import attention_sink, head_vision_mass
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, estimate, extreme_head, missing
@@ -60,26 +61,28 @@ def heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 def heads(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `heads` table as heat maps, one row per model: each head's text→vision attention mass
-    and its attention-sink mass (mean over samples) by decoder layer."""
-    title = f"Attention per head: text→vision mass and the sink ({options.reference}, step {options.step})"
-    fig_file, data = from_table("heads.png", title, heads_table, models, options)
+    and its attention-sink mass (mean over samples) by decoder layer. A model that lacks one of
+    them says so in its panel."""
+    plot = Plot("heads", f"Attention per head: text→vision mass and the sink ({options.reference}, step "
+                f"{options.step})", options, out)
+    data = plot.table(heads_table, models, options)
     if data is None:
-        return fig_file
-    panels = [(k, label) for k, label in (("vision_mass_by_head", "text→vision mass"),
-                                          ("sink_by_head", "sink mass (first position)")) if k in data]
+        return plot.file
+    panels = [(k, label, need) for k, label, need in (
+        ("vision_mass_by_head", "text→vision mass", "prefill_vision_mass"),
+        ("sink_by_head", "sink mass (first position)", "decode_attention")) if k in data]
     names = [str(m) for m in data.model.values]
-    fig, axes = grid(len(names), len(panels), width=4.6)
+    fig, axes = plot.grid(len(names), len(panels), width=4.6)
     for i, model in enumerate(names):
-        for j, (key, label) in enumerate(panels):
+        for j, (key, label, need) in enumerate(panels):
             ax = axes[i, j]
             values = data[key].sel(model=model, stat="value").dropna("head", how="all").dropna("decoder_layer", how="all")
-            image = ax.imshow(values.transpose("decoder_layer", "head").values, aspect="auto", origin="lower",
-                              cmap="viridis", vmin=0.0)
-            ax.set(title=f"{model}: {label}", xlabel="head", ylabel="decoder layer")
-            fig.colorbar(image, ax=ax, label="attention probability")
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+            if not values.size:
+                not_stored(ax, f"{model}: no {label} (needs {need})")
+                continue
+            heatmap(fig, ax, values, "head", "decoder_layer", "attention probability", vmin=0.0)
+            ax.set(title=f"{model}: {label}", xlabel="head", ylabel=DECODER_LAYER_LABEL)
+    return plot.finish()
 
 
 register_analysis(Analysis(

@@ -10,7 +10,8 @@ from pathlib import Path
 import xarray as xr
 
 from .. import kv
-from ..figures import ALPHA_LABEL, FigureFile, alpha_series, band, grid, model_colors, save, usable
+from ..figures import FigureFile, Plot, alpha_series
+from ..plotting import alpha_axis, band, model_colors
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, estimate, missing, sweep_conditions, sweep_name
 
@@ -41,38 +42,25 @@ def kv_cosine_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def kv_cosine_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """The `kv-cosine` table against the swept value: cos(K′,K) and cos(V′,V), one line per model."""
     ref, sweep = options.reference, options.sweep
-    title = f"Vision-token keys and values against {ref} as {sweep_name(sweep)} varies (mean over layers)"
-    fig_file = FigureFile("kv_cosine_vs_alpha.png", title)
-
-    def need(ds: xr.Dataset) -> list[str]:
-        lacking = missing(ds, ("keys", "values"), (ref,))
-        if not lacking and not sweep_conditions(ds, sweep):
-            lacking.append(f"conditions sweeping {sweep}")
-        return lacking
-
-    ready, skipped = usable(models, need)
-    if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
+    plot = Plot("kv_cosine_vs_alpha", f"Vision-token keys and values against {ref} as {sweep_name(sweep)} varies "
+                "(mean over layers)", options, out)
+    data = plot.table(kv_cosine_table, models, options)
+    if data is None:
+        return plot.file
     colors = model_colors(list(models))
-    fig, axes = grid(1, 2, width=5.5, height=3.8)
-    for model, ds in ready.items():
-        est = kv.kv_cosine(ds, ref, "vision", average_layers=options.definitions_for(ds)["average_layers"], **options.boot())
-        x, k = alpha_series(ds, est["cos_k"], sweep)
-        _, v = alpha_series(ds, est["cos_v"], sweep)
-        band(axes[0, 0], x, k, colors[model], model, marker="o")
-        band(axes[0, 1], x, v, colors[model], model, "--", marker="s")
-    axes[0, 0].set(title="keys: cos(K′, K)", ylabel="mean cosine similarity (unitless)")
-    axes[0, 1].set(title="values: cos(V′, V)", ylabel="mean cosine similarity (unitless)")
+    _, axes = plot.grid(1, 2, width=5.5, height=3.8)
+    for model in [str(m) for m in data.model.values]:
+        est = data.sel(model=model)
+        band(axes[0, 0], *alpha_series(models[model], est["cos_k"], sweep), colors[model], model, marker="o")
+        band(axes[0, 1], *alpha_series(models[model], est["cos_v"], sweep), colors[model], model, "--", marker="s")
+    axes[0, 0].set(title="keys: cos(K′, K)")
+    axes[0, 1].set(title="values: cos(V′, V)")
     for ax in axes[0]:
-        ax.set(xscale="log", xlabel=ALPHA_LABEL, ylim=(min(-0.05, ax.get_ylim()[0]), 1.05))
-        ax.axvline(1.0, color="#999999", linestyle="--", linewidth=0.8)
-        ax.legend(title="model", fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+        alpha_axis(ax)
+        ax.set(ylabel="mean cosine similarity (unitless)", ylim=(min(-0.05, ax.get_ylim()[0]), 1.05))
+    return plot.finish("model")
 
 
 register_analysis(Analysis(

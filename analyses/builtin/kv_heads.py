@@ -12,7 +12,8 @@ import xarray as xr
 
 from .. import kv
 from ..bootstrap import summarize
-from ..figures import ALPHA_LABEL, FigureFile, band, finish, from_table, grid, model_colors
+from ..figures import FigureFile, Plot
+from ..plotting import alpha_axis, band, model_colors
 from ..registry import Analysis, register_analysis
 from ..streaming import layer_mean
 from ..tables import Builder, Cell, Options, Table, estimate, extreme_head, missing, sweep_conditions, sweep_name
@@ -60,11 +61,12 @@ def kv_heads_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 def kv_heads_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """The `kv-heads` table as curves: each KV head's cos(K′,K) and cos(V′,V) at vision tokens
     against the swept value, one line per head, one row of panels per model."""
-    title = f"Vision-token keys and values per KV head against {sweep_name(options.sweep)} ({options.reference})"
-    fig_file, data = from_table("kv_heads_vs_alpha.png", title, kv_heads_table, models, options)
+    plot = Plot("kv_heads_vs_alpha", f"Vision-token keys and values per KV head against {sweep_name(options.sweep)} "
+                f"({options.reference})", options, out)
+    data = plot.table(kv_heads_table, models, options)
     if data is None:
-        return fig_file
-    fig, axes = grid(len(data.model), 2)
+        return plot.file
+    _, axes = plot.grid(len(data.model), 2)
     for row, model in enumerate(data.model.values):
         values = data.sel(model=model).dropna("condition", how="all")
         x = values[options.sweep].values if options.sweep in values.coords else np.arange(values.sizes["condition"])
@@ -75,9 +77,10 @@ def kv_heads_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path
             colors = model_colors([f"head {int(h)}" for h in heads_.kv_head.values])
             for h in heads_.kv_head.values:
                 band(ax, x[order], heads_.sel(kv_head=h).isel(condition=order), colors[f"head {int(h)}"],
-                      f"head {int(h)}", marker="o")
-            ax.set(title=f"{model}: {label} per KV head", xscale="log", xlabel=ALPHA_LABEL, ylabel="cosine (unitless)")
-    return finish(fig, axes, "KV head", title, fig_file, out)
+                     f"head {int(h)}", marker="o")
+            ax.set(title=f"{model}: {label} per KV head", ylabel="cosine (unitless)")
+            alpha_axis(ax)
+    return plot.finish("KV head")
 
 
 register_analysis(Analysis(

@@ -10,7 +10,8 @@ from pathlib import Path
 import xarray as xr
 
 from .. import lens
-from ..figures import LAYER_LABEL, FigureFile, from_table, modality_panels
+from ..figures import FigureFile, Plot, modality_panels
+from ..plotting import LAYER_LABEL
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, missing, modality_rows
 
@@ -40,11 +41,12 @@ def lens_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -> F
     """The `logit-lens` table as curves per layer: agreement with the final prediction and the
     lens's top-1 probability, one line per modality."""
     title = f"Logit lens by layer ({options.reference})"
-    fig_file, data = from_table("lens_curves.png", title, logit_lens_table, models, options)
+    plot = Plot("lens_curves", title, options, out)
+    data = plot.table(logit_lens_table, models, options)
     if data is None:
-        return fig_file
+        return plot.file
     panels = (("agreement", "lens top-1 = final top-1"), ("top1_prob", "lens top-1 probability"))
-    return modality_panels(data, "layer", panels, LAYER_LABEL, "share / probability", title, fig_file, out)
+    return modality_panels(plot, data, "layer", panels, LAYER_LABEL, "share / probability")
 
 
 register_analysis(Analysis(

@@ -10,7 +10,8 @@ from pathlib import Path
 import xarray as xr
 
 from .. import norms, updates
-from ..figures import LAYER_LABEL, MODALITY_COLORS, FigureFile, band, grid, save, two_layers, usable
+from ..figures import FigureFile, Plot, two_layers
+from ..plotting import MODALITY_COLORS, band, layer_axis
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, estimate, lacks_modalities, missing
 
@@ -32,13 +33,11 @@ def norm_ratio_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     ref = options.reference
-    title = f"Residual-stream norm and update magnitude per layer ({ref})"
-    fig_file = FigureFile("norms_updates.png", title)
-    ready, skipped = usable(models, lambda ds: missing(ds, ("hidden",), (ref,)) or two_layers(ds))
+    plot = Plot("norms_updates", f"Residual-stream norm and update magnitude per layer ({ref})", options, out)
+    ready = plot.ready(models, lambda ds: missing(ds, ("hidden",), (ref,)) or two_layers(ds))
     if not ready:
-        fig_file.skipped = "; ".join(skipped)
-        return fig_file
-    fig, axes = grid(2, len(ready))
+        return plot.file
+    _, axes = plot.grid(2, len(ready))
     for col, (model, ds) in enumerate(ready.items()):
         norm = norms.norm_curves(ds, text_set=options.definitions_for(ds)["text_set"], **options.boot()).sel(condition=ref)
         update = updates.absolute_update(ds, **options.boot()).sel(condition=ref)
@@ -47,14 +46,10 @@ def norms_updates(models: dict[str, xr.Dataset], options: Options, out: Path) ->
             band(axes[1, col], update.layer, update.sel(modality=modality), color, modality)
         axes[0, col].set(title=f"{model}: ‖h_l‖₂", ylabel="mean token L2 norm (activation units)", yscale="log")
         axes[1, col].set(title=f"{model}: ‖h_l − h_(l−1)‖₂", ylabel="mean update L2 norm (activation units)",
-                         yscale="log", xlabel=LAYER_LABEL)
-        axes[0, col].set_xlabel(LAYER_LABEL)
+                         yscale="log")
         for ax in axes[:, col]:
-            ax.legend(title="modality", fontsize=8)
-            ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig_file.path = save(fig, out, fig_file.name)
-    return fig_file
+            layer_axis(ax.xaxis)
+    return plot.finish("modality")
 
 
 register_analysis(Analysis(

@@ -10,7 +10,8 @@ from pathlib import Path
 import xarray as xr
 
 from .. import trajectories
-from ..figures import LAYER_LABEL, FigureFile, band, condition_colors, finish, from_table, grid
+from ..figures import FigureFile, Plot
+from ..plotting import ALPHA_LABEL, band, colorbar, layer_axis, sweep_colors
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, estimate, missing, sweep_conditions, sweep_name
 
@@ -47,25 +48,35 @@ def trajectories_table(models: dict[str, xr.Dataset], options: Options) -> Table
 
 
 def trajectories_vs_alpha(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
-    """The `trajectories` table as curves over layers, one line per swept value: the vision tokens'
-    norm and their cosine to the reference."""
-    title = f"Vision-token trajectories against {sweep_name(options.sweep)} ({options.reference})"
-    fig_file, data = from_table("trajectories_vs_alpha.png", title, trajectories_table, models, options)
+    """The `trajectories` table as curves over layers, one line per swept value, coloured along a
+    sequential map of the value (the colour bar reads it): the vision tokens' norm and their
+    cosine to the reference."""
+    sweep, ref = options.sweep, options.reference
+    plot = Plot("trajectories_vs_alpha", f"Vision-token trajectories against {sweep_name(sweep)} ({ref})", options, out)
+    data = plot.table(trajectories_table, models, options)
     if data is None:
-        return fig_file
-    fig, axes = grid(len(data.model), 2)
+        return plot.file
+    if data.sizes["layer"] < 2:
+        return plot.skip(f"two or more layers for a curve over layers (the store holds layer "
+                         f"{', '.join(str(int(l)) for l in data.layer.values)})")
+    fig, axes = plot.grid(len(data.model), 2)
+    swept = {c: v for ds in models.values() for c, v, _ in sweep_conditions(ds, sweep)}
+    values = sorted(set(swept.values()))
+    colors, mappable = sweep_colors(values)
+    color_of = dict(zip(values, colors))
     for row, model in enumerate(data.model.values):
-        values = data.sel(model=model).dropna("condition", how="all")
-        colors = condition_colors([str(c) for c in values.condition.values])
-        for condition in values.condition.values:
-            curve = values.sel(condition=condition)
-            band(axes[row, 0], curve.layer, curve["norm"], colors[str(condition)], str(condition), marker="o")
-            band(axes[row, 1], curve.layer, curve["cos_reference"], colors[str(condition)], str(condition), marker="o")
-        axes[row, 0].set(title=f"{model}: vision ‖h_l‖₂", xlabel=LAYER_LABEL, ylabel="L2 norm (activation units)",
-                         yscale="log")
-        axes[row, 1].set(title=f"{model}: cos(h_l, h_l of {options.reference})", xlabel=LAYER_LABEL,
-                         ylabel="cosine (unitless)")
-    return finish(fig, axes, "condition", title, fig_file, out)
+        curves = data.sel(model=model).dropna("condition", how="all")
+        for condition in [str(c) for c in curves.condition.values]:
+            curve = curves.sel(condition=condition)
+            color, label = color_of[swept[condition]], f"{sweep_name(sweep)} = {swept[condition]:g}"
+            band(axes[row, 0], curve.layer, curve["norm"], color, label, marker="o")
+            band(axes[row, 1], curve.layer, curve["cos_reference"], color, label, marker="o")
+        axes[row, 0].set(title=f"{model}: vision ‖h_l‖₂", ylabel="L2 norm (activation units)", yscale="log")
+        axes[row, 1].set(title=f"{model}: cos(h_l, h_l of {ref})", ylabel="cosine (unitless)")
+        for ax in axes[row]:
+            layer_axis(ax.xaxis)
+    colorbar(fig, mappable, axes.ravel(), ALPHA_LABEL if sweep == "alpha" else sweep)
+    return plot.finish(legend=None)
 
 
 register_analysis(Analysis(

@@ -12,7 +12,7 @@ import xarray as xr
 
 from .. import branches
 from ..cache import MissingInputs
-from ..figures import FigureFile, from_table, modality_panels
+from ..figures import FigureFile, Plot, modality_panels
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Options, Table, missing, modality_rows
 
@@ -43,11 +43,12 @@ def branch_shares(models: dict[str, xr.Dataset], options: Options, out: Path) ->
     """The `update-decomposition` table as curves: ‖a_l‖/‖h_l‖ and ‖m_l‖/‖h_l‖ per decoder layer,
     one panel per model and branch, one line per modality."""
     title = f"Attention and MLP updates relative to the stream ({options.reference})"
-    fig_file, data = from_table("branch_shares.png", title, update_decomposition_table, models, options)
+    plot = Plot("branch_shares", title, options, out)
+    data = plot.table(update_decomposition_table, models, options)
     if data is None:
-        return fig_file
+        return plot.file
     panels = (("attn_share", "‖a_l‖/‖h_l‖ (attention)"), ("mlp_share", "‖m_l‖/‖h_l‖ (MLP)"))
-    return modality_panels(data, "decoder_layer", panels, "decoder layer l", "ratio (unitless)", title, fig_file, out)
+    return modality_panels(plot, data, "decoder_layer", panels, "decoder layer l", "ratio (unitless)")
 
 
 register_analysis(Analysis(
