@@ -18,7 +18,7 @@ import xarray as xr
 
 from .. import accuracy, compare
 from ..bootstrap import summarize
-from ..figures import FigureFile, Plot
+from ..figures import FigureFile, Plot, two_layers
 from ..plotting import band, condition_colors, layer_axis
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Cell, Options, Table, estimate, missing
@@ -141,9 +141,11 @@ def compare_curves(models: dict[str, xr.Dataset], options: Options, out: Path) -
         return plot.file
     panels = [p for p in (("kl", compare.kl_direction(ref) + " (nats)"), ("agree", "greedy agreement (fraction)"),
                           ("norm_ratio", "‖h‖ / ‖h_ref‖"), ("cos", "cos(h, h_ref)")) if p[0] in data]
+    one_layer = two_layers(data)   # a curve over layers needs two of them
+    panels = [p for p in panels if not (one_layer and "layer" in data[p[0]].dims)]
     if not panels:
-        return plot.skip("no model holds logprobs or hidden (curves over decode steps or layers)")
-    if {"norm_ratio", "cos"} & set(data.data_vars):
+        return plot.skip("; ".join(["no model holds logprobs (curves over decode steps)"] + one_layer))
+    if {"norm_ratio", "cos"} & {p[0] for p in panels}:
         plot.file.title += " (per layer: vision solid, text dashed)"
     fig, axes = plot.grid(len(data.model), len(panels))
     conditions = [str(c) for c in data.condition.values if str(c) != ref]
