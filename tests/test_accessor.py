@@ -3,12 +3,18 @@ with numpy on the same store opened without an index, and the norms against nump
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import workbench
 
 MODEL = "tiny-qwen3vl"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +26,7 @@ def stored(tmp_path_factory, workbench_cache):
                                                                         "factor": "$alpha", "positions": "vision"}]}},
             "capture": [{"site": "layer", "layers": "all"}, {"site": "logits"}], "store": {"path": str(store)}}
     ds = workbench.run(spec, progress=False)
+    ds.attrs["store_path"] = str(store)
     return ds, workbench.open_store(store, MODEL, index=False)
 
 
@@ -99,3 +106,33 @@ def test_what_no_dim_carries_and_values_no_row_holds_are_named(stored):
     with pytest.raises(KeyError, match=r"condition: got 'basline'; no row holds it \(held: .*'baseline'"):
         ds.wb.sel(condition="basline")
     assert ds.wb.sel(alpha=slice(5, 9)).sizes["token"] == 0  # a range may hold nothing, as in .sel
+
+
+
+BLOCK_TORCH = """
+import sys
+
+class NoTorch:  # a read-side install: torch, nnsight and transformers are absent
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "nnsight", "transformers"):
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_the_accessor_works_where_torch_cannot_be_imported(stored):
+    """`ds.wb` is registered by `import workbench`, on the read side too (no torch installed)."""
+    store = stored[0].attrs["store_path"]
+    code = BLOCK_TORCH + f"""
+import workbench
+ds = workbench.open_store({store!r}, {MODEL!r})
+picked = ds.wb.sel(condition="baseline", modality="vision", layer=0)
+print("RUNS", sorted(set(picked.run_condition.values.tolist())), "NORMS", ds.wb.norms().dims, len(ds.wb.runs()))
+print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "nnsight", "transformers")))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RUNS ['baseline'] NORMS ('condition', 'modality', 'layer') 12" in done.stdout
+    assert "HEAVY []" in done.stdout

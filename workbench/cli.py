@@ -87,7 +87,11 @@ def _warn_if_disk_is_short(spec: Any) -> None:
     (a warning: the estimate is uncompressed, so the run may still fit)."""
     from .estimate import estimate_run, free_disk_problem
 
-    problem = free_disk_problem(str(spec.store.path), estimate_run(spec).bytes)
+    try:
+        problem = free_disk_problem(str(spec.store.path), estimate_run(spec).bytes)
+    except Exception as err:  # noqa: BLE001  the run itself reports what is wrong, in its own order
+        _LOG.debug(f"no disk estimate: {err}")
+        return
     if problem:
         _LOG.warning(f"warning: {problem}")
 
