@@ -83,10 +83,16 @@ def _print_estimate(spec: Any, plans: list[Any], timed: bool) -> None:
 
 
 def _warn_if_disk_is_short(spec: Any) -> None:
-    """A run whose captures are estimated beyond the store disk's free space says so before it starts
-    (a warning: the estimate is uncompressed, so the run may still fit)."""
+    """A new store's run whose captures are estimated beyond the disk's free space says so before
+    it starts (a warning: the estimate is uncompressed, so the run may still fit). A resumed run
+    is not estimated: its store exists, and the estimate would cost it the processors' import
+    (seconds) where it may have nothing left to do."""
+    from pathlib import Path
+
     from .estimate import estimate_run, free_disk_problem
 
+    if "://" in str(spec.store.path) or Path(spec.store.path).exists():
+        return
     try:
         problem = free_disk_problem(str(spec.store.path), estimate_run(spec).bytes)
     except Exception as err:  # noqa: BLE001  the run itself reports what is wrong, in its own order
