@@ -139,7 +139,9 @@ class WorkbenchAccessor:
 
     def norms(self, variable: str = "hidden", by: Sequence[str] = ("condition", "modality")) -> xr.DataArray:
         """The mean L2 norm (over the variable's last dim) of its tokens, per label in `by` and per
-        layer: a DataArray with dims (*by, layer); a combination no token has is NaN."""
+        layer: a DataArray with dims (*by, layer); a combination no token has is NaN. Tokens are
+        pooled, every token weighing the same (`analyses.norms.norm_curves` gives the mean over
+        samples of each sample's mean, with a bootstrap interval)."""
         by = list(by)
         frame = self.frame(variable)
         missing = [name for name in by if name not in frame.columns]
