@@ -11,6 +11,13 @@ estimate and a percentile bootstrap interval for every other coordinate:
 
 The result has a new last dim `stat` = ("value", "ci_low", "ci_high") and a coordinate
 `n_samples` (samples with a value, per element).
+
+Below `MIN_SAMPLES` samples with a value there is no interval (ci_low and ci_high are NaN): one
+sample resamples only to itself, so its "interval" would have zero width and look certain. From
+`MIN_SAMPLES` to below `SMALL_SAMPLES` an interval is given, and tables say it is rough: the
+percentile interval is too narrow in small samples (it covers the true mean less often than its
+level says; Hesterberg 2015, "What Teachers Should Know About the Bootstrap", The American
+Statistician 69(4), section on the narrowness bias).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ N_RESAMPLES = 1000
 SEED = 0
 LEVEL = 0.95
 STATS = ("value", "ci_low", "ci_high")
+MIN_SAMPLES = 2  # fewer samples with a value: no interval (module doc)
+SMALL_SAMPLES = 10  # fewer: the interval is given, and called rough (module doc)
 
 
 def resample_indices(n: int, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> np.ndarray:
@@ -50,7 +59,8 @@ def _boot_median(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 def bootstrap_array(values: np.ndarray, stat: str = "mean", n_resamples: int = N_RESAMPLES, seed: int = SEED,
                     level: float = LEVEL) -> np.ndarray:
-    """(..., n) per-sample values -> (..., 3): estimate, CI low, CI high."""
+    """(..., n) per-sample values -> (..., 3): estimate, CI low, CI high (NaN where fewer than
+    `MIN_SAMPLES` values)."""
     values = np.asarray(values, dtype=np.float64)
     values = np.where(np.isfinite(values), values, np.nan)  # an Inf is no value either (it would own the mean)
     shape, n = values.shape[:-1], values.shape[-1]
@@ -67,6 +77,7 @@ def bootstrap_array(values: np.ndarray, stat: str = "mean", n_resamples: int = N
             tail = (1 - level) / 2 * 100
             out[:, 0] = point
             out[:, 1:] = np.nanpercentile(boot, [tail, 100 - tail], axis=1).T
+        out[np.isfinite(flat).sum(axis=1) < MIN_SAMPLES, 1:] = np.nan  # no interval from a single sample
     return out.reshape(*shape, 3)
 
 

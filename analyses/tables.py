@@ -28,7 +28,7 @@ from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
 from workbench.store import list_models
 
-from .bootstrap import N_RESAMPLES, SEED
+from .bootstrap import MIN_SAMPLES, N_RESAMPLES, SEED, SMALL_SAMPLES
 from .cache import MissingInputs, forcing, open_model
 from .registry import analyses, names as analysis_names
 from .streaming import as_str, condition_sort_key, layout
@@ -93,17 +93,20 @@ class Table:
 class Cell:
     """An estimate with its CI, formatted with its column (`Table.formatted_rows`): `value [low,
     high]` with `digits` decimals, or in scientific notation where fixed decimals would print a
-    non-zero number as 0.00; `n/a` when there is no estimate."""
+    non-zero number as 0.00; `n/a` when there is no estimate; `value (n = 1, no CI)` when too few
+    samples give no interval (`analyses.bootstrap.MIN_SAMPLES`)."""
 
     value: float
     low: float
     high: float
     digits: int = 2
+    n: int | None = None  # samples behind the estimate, where known
 
     def needs_scientific(self) -> bool:
         if not math.isfinite(self.value):
             return False
-        return 0 < max(abs(self.value), abs(self.high), abs(self.low)) < 0.5 * 10.0**-self.digits
+        numbers = [abs(x) for x in (self.value, self.low, self.high) if math.isfinite(x)]
+        return 0 < max(numbers) < 0.5 * 10.0**-self.digits
 
     def format(self, scientific: bool | None = None) -> str:
         if not math.isfinite(self.value):
@@ -115,6 +118,8 @@ class Cell:
                 return f"{x:.1e}"
             return f"{round(x, self.digits) + 0.0:.{self.digits}f}"  # + 0.0: no "-0.000"
 
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return f"{fmt(self.value)} ({'' if self.n is None else f'n = {self.n}, '}no CI)"
         return f"{fmt(self.value)} [{fmt(self.low)}, {fmt(self.high)}]"
 
     def __str__(self) -> str:
@@ -124,7 +129,7 @@ class Cell:
 def estimate(summary: xr.DataArray, digits: int = 2) -> Cell:
     """A table cell: the estimate and CI of a summarized scalar (dim `stat`)."""
     v, lo, hi = (float(summary.sel(stat=s)) for s in ("value", "ci_low", "ci_high"))
-    return Cell(v, lo, hi, digits)
+    return Cell(v, lo, hi, digits, _n(summary) if any(str(c).startswith("n_samples") for c in summary.coords) else None)
 
 
 def cell(summary: xr.DataArray, digits: int = 2) -> str:
@@ -135,8 +140,16 @@ def cell(summary: xr.DataArray, digits: int = 2) -> str:
 def _ci_note(options: Options, counts: dict[str, set[int]], medians: bool = False) -> str:
     per_model = "; ".join(f"{m}: n = {', '.join(str(n) for n in sorted(ns))}" for m, ns in counts.items() if ns)
     what = "means over samples (median rank: the median)" if medians else "means over samples"
-    return (f"Estimates are {what} with a 95% bootstrap CI over samples in brackets "
+    note = (f"Estimates are {what} with a 95% bootstrap CI over samples in brackets "
             f"({options.n_resamples} resamples, seed {options.seed}); samples per model: {per_model}.")
+    fewest = min((n for ns in counts.values() for n in ns if n > 0), default=None)
+    if fewest is not None and fewest < MIN_SAMPLES:
+        note += (f" An estimate from fewer than {MIN_SAMPLES} samples has no interval (one sample resamples only "
+                 "to itself): it is marked 'no CI'; run more samples for one.")
+    if fewest is not None and fewest < SMALL_SAMPLES:
+        note += (f" With fewer than {SMALL_SAMPLES} samples the intervals are rough: a bootstrap interval is too "
+                 "narrow at that size (it covers the true value less often than 95%).")
+    return note
 
 
 def _n(estimate: xr.DataArray) -> int:

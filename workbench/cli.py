@@ -57,9 +57,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")
+    if args.estimate:
+        _print_estimate(spec, plans, timed=args.models_check)
     check = "" if args.models_check else f"workbench validate {args.spec} --models-check (each model's config), or "
     print(f"next: {check}workbench run {args.spec}")
     return 0
+
+
+def _print_estimate(spec: Any, plans: list[Any], timed: bool) -> None:
+    """`validate --estimate`: workbench/estimate.py; `timed` (--models-check) adds one measured forward per model."""
+    from .estimate import describe, estimate_run, free_disk_problem, measure_forward
+    from .worklist import SampleStream
+
+    samples = SampleStream(spec.data)
+    estimate = estimate_run(spec, plans or None, samples)
+    print("\n".join(describe(estimate)))
+    problem = free_disk_problem(str(spec.store.path), estimate.bytes)
+    if problem:
+        print(f"  warning: {problem}")
+    first = next(iter(samples), None)
+    for plan, model in zip(plans if timed and first is not None else [], estimate.models):
+        seconds = measure_forward(plan, first)
+        print(f"  {model.model}: one forward (the prompt of {first.id}) took {seconds:.3g} s here; "
+              f"{model.forwards} forward(s) take about {seconds * model.forwards:.3g} s (decode steps are shorter)")
+
+
+def _warn_if_disk_is_short(spec: Any) -> None:
+    """A new store's run whose captures are estimated beyond the disk's free space says so before
+    it starts (a warning: the estimate is uncompressed, so the run may still fit). A resumed run
+    is not estimated: its store exists, and the estimate would cost it the processors' import
+    (seconds) where it may have nothing left to do."""
+    from pathlib import Path
+
+    from .estimate import estimate_run, free_disk_problem
+
+    if "://" in str(spec.store.path) or Path(spec.store.path).exists():
+        return
+    try:
+        problem = free_disk_problem(str(spec.store.path), estimate_run(spec).bytes)
+    except Exception as err:  # noqa: BLE001  the run itself reports what is wrong, in its own order
+        _LOG.debug(f"no disk estimate: {err}")
+        return
+    if problem:
+        _LOG.warning(f"warning: {problem}")
 
 
 def _remote_target(value: str) -> str:
@@ -93,6 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             import os
 
             os.environ["CUDA_VISIBLE_DEVICES"] = args.shard.devices
+    if args.remote is None and getattr(spec.backend, "kind", "local") != "remote":
+        _warn_if_disk_is_short(spec)
     tune_allocator()
     quiet = args.quiet
     try:
@@ -275,7 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("spec")
     validate.add_argument("--models", type=_csv, help="comma-separated model ids (override the spec's models)")
     validate.add_argument("--models-check", action="store_true",
-                          help="also compile the plan against each model's config (loads configs, not weights)")
+                          help="also compile the plan against each model's config (loads configs, not weights; "
+                          "with --estimate, loads each model to time one forward)")
+    validate.add_argument("--estimate", action="store_true",
+                          help="print the runs and forward passes and the bytes the captures will store, per "
+                          "condition and in all (from configs and processors, no weights)")
     _limit_options(validate)
     validate.set_defaults(func=cmd_validate)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
+
+import yaml
 
 from pydantic import ValidationError
 
@@ -60,3 +62,42 @@ def load_spec(path: str | Path, limits: Mapping[str, int | None] | None = None) 
         raise SpecError([Problem((), line, f"cannot be decoded as UTF-8 ({what}); expected a UTF-8 YAML file")],
                         source) from None
     return parse_spec(text, source=source, limits=limits)
+
+
+def spec_from_data(data: Mapping[str, Any], source: str = "<dict>",
+                   limits: Mapping[str, int | None] | None = None) -> Spec:
+    """Validate a spec given as Python data (what a YAML spec reads as: dicts, lists, numbers,
+    strings); raise :class:`SpecError` with every problem located by its field path, as
+    :func:`parse_spec` does for YAML (there is no line to give). The data is recorded as YAML
+    text, so the store's provenance holds it as it holds a spec file."""
+    if not isinstance(data, Mapping):
+        expected = f"a mapping with fields {', '.join(_allowed_fields(()))}"
+        raise SpecError([Problem((), None, f"{_got(data)}; expected {expected}")], source)
+    plain = _plain(data)  # a copy (validation may add `limits`; the caller's dict stays as given)
+    try:
+        text = yaml.safe_dump(plain, sort_keys=False)
+    except yaml.YAMLError as exc:  # an object YAML cannot write (a function, a set) cannot be a spec value either
+        raise SpecError([Problem((), None, f"holds a value that is not plain data ({exc}); expected dicts, lists, "
+                                          "numbers and strings, as a YAML spec holds")], source) from None
+    cli_limits = {k: v for k, v in (limits or {}).items() if v is not None}
+    if cli_limits:
+        declared = plain.get("limits")
+        plain["limits"] = {**(declared if isinstance(declared, dict) else {}), **cli_limits}
+    try:
+        spec = Spec.model_validate(plain)
+    except ValidationError as exc:
+        raise SpecError(_translate(exc, plain, {}), source) from None
+    spec._source, spec._source_text = source, text
+    if cli_limits:
+        spec._overrides = {"limits": cli_limits}
+    spec._spec_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return spec
+
+
+def _plain(value: Any) -> Any:
+    """A copy of `value` with tuples as lists, as YAML would read them."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

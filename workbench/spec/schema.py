@@ -397,6 +397,14 @@ class Spec(_Model):
             _fail_many(problems)
         return self
 
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> "Spec":
+        """A spec from Python data, its problems located by field path as a YAML spec's are
+        (`workbench.spec.loading.spec_from_data`)."""
+        from .loading import spec_from_data
+
+        return spec_from_data(data, source)
+
     # -- provenance
 
     @property
