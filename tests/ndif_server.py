@@ -2,7 +2,8 @@
 
 The unmodified 0.8.1 client (``model.trace(..., remote=server.url)``, ``blocking=False`` + poll,
 ``model.session(remote=...)``, ``AsyncRemoteBackend``, ``nnsight.status()``) talks to it exactly as
-it talks to the real NDIF. Each request is executed with nnsight's own server-side pieces, as its
+it talks to the real NDIF. Each request is executed by ``tests/ndif_executor.py`` (the one job
+executor of this server and its sandbox) with nnsight's own server-side pieces, as its
 ``remote="local"`` backend does: ``model._remoteable_persistent_objects()``,
 ``model._remoteable_set_env(env)``, ``RequestModel.deserialize(...)``, ``tracer.execute(...)``; the
 saved values are those the trace marked with ``save`` (nnsight's own save set), ``torch.save``-d and
@@ -109,14 +110,11 @@ _preload_server_stack()
 
 import asyncio  # noqa: E402
 import concurrent.futures  # noqa: E402
-import io  # noqa: E402
 import json  # noqa: E402
-import linecache  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 import uuid  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
@@ -171,31 +169,6 @@ class _Job:
         self.compress = compress
         self.env = env
         self.blob = blob
-
-
-class _ThreadStdout:
-    """sys.stdout stand-in that captures writes from one thread and forwards every other thread's.
-
-    The client's status display writes to stdout from its own thread while a job runs here, so
-    a plain ``redirect_stdout`` would capture the client's spinner as the job's LOG output.
-    """
-
-    def __init__(self, target: Any, thread_id: int) -> None:
-        self._target = target
-        self._thread_id = thread_id
-        self.buffer = io.StringIO()
-
-    def write(self, text: str) -> int:
-        if threading.get_ident() == self._thread_id:
-            return self.buffer.write(text)
-        return self._target.write(text)
-
-    def flush(self) -> None:
-        if threading.get_ident() != self._thread_id:
-            self._target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
 
 
 class LoopbackNDIF:
@@ -677,58 +650,14 @@ class LoopbackNDIF:
 
     @staticmethod
     def _execute_job(model: Any, job: _Job, unpickler: Any = None) -> tuple[bytes, str]:
-        """Run one request with nnsight's own server-side pieces (the `remote="local"` path).
+        """Run one request in this process, on the executor thread (`ndif_executor.execute_job`,
+        the request's env applied). Returns the result blob and what the trace printed."""
+        from ndif_executor import execute_job
 
-        Runs on the executor thread, so nnsight's per-thread save set and trace depth are this
-        job's alone. Returns the result blob (``torch.save`` of the saved values, zstd-compressed
-        when the request was) and what the trace printed.
-        """
-        import torch
-        from nnsight.schema.request import RequestModel
-        from nnsight.tracing.tracer import _saves, dec, inc
-
-        # deserialize() registers the block's source in linecache under the client's filename;
-        # in-process that would shadow the client's real file for its next trace: restore it.
-        lines_before = dict(linecache.cache)
-        capture = _ThreadStdout(sys.stdout, threading.get_ident())
-        sys.stdout = capture
-        tracer = None
-        try:
-            persistent = model._remoteable_persistent_objects()
-            model._remoteable_set_env(job.env)
-            extra = {"unpickler": unpickler} if unpickler is not None else {}
-            tracer = RequestModel.deserialize(job.blob, persistent, compress=job.compress, **extra)
-            inc()  # depth 1: this is the outermost trace, so only save()-marked values come back
-            try:
-                tracer.execute(tracer.info.code)
-                marked = _saves()
-                saves = {k: v for k, v in tracer.info.frame.f_locals.items() if id(v) in marked}
-            finally:
-                dec()
-        except Exception as exception:
-            tb = exception.__traceback__
-            if tracer is not None and hasattr(tracer, "traceback"):
-                try:
-                    tb = tracer.traceback(exception)
-                except Exception:
-                    pass
-            description = "".join(traceback.format_exception(type(exception), exception, tb))
-            raise _JobError(description) from None
-        finally:
-            if sys.stdout is capture:
-                sys.stdout = capture._target
-            linecache.cache.clear()
-            linecache.cache.update(lines_before)
-            tracer = None
-
-        buffer = io.BytesIO()
-        torch.save(saves, buffer)
-        blob = buffer.getvalue()
-        if job.compress:
-            import zstandard as zstd
-
-            blob = zstd.ZstdCompressor(level=6).compress(blob)
-        return blob, capture.buffer.getvalue()
+        outcome = execute_job(model, job.blob, job.compress, env=job.env, unpickler=unpickler)
+        if not outcome.ok:
+            raise _JobError(outcome.payload)
+        return outcome.payload, outcome.printed
 
 
 def _abort(websocket: Any) -> None:
