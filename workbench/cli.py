@@ -70,14 +70,15 @@ def _remote_target(value: str) -> str:
 
 
 def cmd_ndif_status(args: argparse.Namespace) -> int:
-    from .backends.remote import RemoteConfig, status_table
+    from .backends.remote_checks import status_table
+    from .backends.remote_config import RemoteConfig
 
     print(status_table(RemoteConfig.from_env(args.remote or True)))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .backends.remote import RemoteRunError
+    from .backends.remote_faults import RemoteRunError
     from .runner import run_spec, tune_allocator
 
     spec = _load(args)

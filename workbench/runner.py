@@ -32,7 +32,7 @@ from .provenance import provenance
 from .resume import condition_identity, resume_state
 from .signals import signal_drill, signals_deferred
 from .store import StoreWriter, Variable
-from .writer import StoredResult
+from .writer import ResultSink, StoredResult
 
 if TYPE_CHECKING:
     from .data import Sample
@@ -197,7 +197,7 @@ class _Run:
         # (a pydantic dump and the capture plan's repr per result were a sixth of a tiny result's labels)
         self.condition_attrs: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def todo(self, todo: Iterable[PendingRun], writer: Any) -> None:
+    def todo(self, todo: Iterable[PendingRun], writer: ResultSink) -> None:
         """Every pending run, in order; `writer` takes each forward's results (`put_group`)."""
         context = self.context
         model, model_id = None, None
@@ -287,7 +287,7 @@ def _log_unbatched(batch_size: int, plans: list[ModelPlan], log: Callable[[str],
 
 @contextlib.contextmanager
 def result_writer(store: StoreWriter, spec: Spec, summary: RunSummary, bar: tqdm, synchronous: str | None = None,
-                  log: Callable[[str], None] = _LOG.info) -> Iterator[Any]:
+                  log: Callable[[str], None] = _LOG.info) -> Iterator[ResultSink]:
     """The background writer (or, with `backend.write_queue_mb: 0`, a synchronous one), counting
     committed results into `summary` and the progress bar. synchronous: why this run's results
     must be written on its own thread (the executor's `write_note`, logged), or None."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 from .store import StoreWriter, Variable
 
@@ -70,6 +70,13 @@ class _Queued(NamedTuple):
 
     size: int
     results: list[StoredResult]
+
+
+class ResultSink(Protocol):
+    """What the runner's loop hands each forward's results to (`BackgroundWriter`, `SyncWriter`)."""
+
+    def put_group(self, results: list[StoredResult]) -> None:
+        """Take results to be committed together."""
 
 
 def captured_bytes(variables: dict[str, Variable]) -> int:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import nnsight
 
@@ -49,6 +49,11 @@ from .remote_faults import (  # noqa: F401  (re-exported)
     ModelNotServedError, RemoteAuthError, RemoteJobError, RemoteRunError, RemoteSetupError, RemoteUnavailableError,
     JobLost, classify, scrub, with_retries,
 )
+
+if TYPE_CHECKING:
+    from ..models.model import ModelInputs
+    from ..models.remote import RemoteModel
+    from ..plan import ConditionPlan, ModelPlan
 
 _SHIPPED_PACKAGES = ("workbench",)
 
@@ -73,8 +78,9 @@ def conditions_needed(plan: Any, names: list[str]) -> list[Any]:
     return list(needed.values())
 
 
-def run_sample(model: Any, inputs_by_image: Any, conditions: list[Any], plan: Any, config: RemoteConfig,
-               log: Callable[[str], None] = print, what: str | None = None) -> dict[str, RunResult]:
+def run_sample(model: RemoteModel, inputs_by_image: Mapping[str, ModelInputs], conditions: list[ConditionPlan],
+               plan: ModelPlan, config: RemoteConfig, log: Callable[[str], None] = print,
+               what: str | None = None) -> dict[str, RunResult]:
     """Run `conditions` of one sample as ONE remote job; per condition its captures, as
     `run_condition` returns them locally."""
     names = [c.name for c in conditions]
