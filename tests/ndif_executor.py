@@ -2,7 +2,9 @@
 path: ``model._remoteable_persistent_objects()``, ``model._remoteable_set_env(env)``,
 ``RequestModel.deserialize(...)``, ``tracer.execute(...)``): the one job executor of the loopback
 server, shared by its in-process mode (tests/ndif_server.py, on the server's executor thread) and
-its sandbox process (tests/ndif_sandbox.py, inside NDIF's import and builtin whitelist).
+its sandbox process (tests/ndif_sandbox.py, inside NDIF's import and builtin whitelist). In the
+server's own process, `hidden_modules` makes the executor thread lack the packages a real NDIF
+does not have.
 
 The saved values are those the trace marked with ``save`` (nnsight's own save set),
 ``torch.save``-d and zstd-compressed when the request says ``compress``.
@@ -113,3 +115,73 @@ def execute_job(model: Any, blob: bytes, compress: bool, *, env: Optional[dict] 
 
         result = zstd.ZstdCompressor(level=6).compress(result)
     return JobOutcome(True, result, capture.buffer.getvalue())
+
+
+class HiddenModuleFinder:
+    """A sys.meta_path entry refusing hidden packages on one thread (new imports only)."""
+
+    def __init__(self, roots: tuple[str, ...], thread_id: int) -> None:
+        self.roots, self.thread_id = roots, thread_id
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if threading.get_ident() == self.thread_id and name.split(".")[0] in self.roots:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
+        return None
+
+
+class hidden_modules:
+    """Context manager: while a job runs on this thread, the packages in `roots` cannot be
+    imported from it, and cloudpickle rebuilds by-value classes afresh. Yields the unpickler
+    class for ``RequestModel.deserialize`` (None when nothing is hidden)."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = tuple(roots)
+
+    def __enter__(self) -> Any:
+        if not self.roots:
+            return None
+        import builtins
+        import weakref
+
+        from cloudpickle import cloudpickle as cp
+        from nnsight.intervention.serialization import CustomCloudUnpickler
+
+        roots, thread_id = self.roots, threading.get_ident()
+
+        def hidden(name: str) -> bool:
+            return threading.get_ident() == thread_id and name.split(".")[0] in roots
+
+        def refuse(name: str) -> None:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
+
+        original_import = builtins.__import__
+
+        def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and hidden(name):
+                refuse(name)
+            return original_import(name, globals, locals, fromlist, level)
+
+        class Unpickler(CustomCloudUnpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if hidden(module):
+                    refuse(module)
+                return super().find_class(module, name)
+
+        self._import, self._finder = original_import, HiddenModuleFinder(roots, thread_id)
+        self._tracker = cp._DYNAMIC_CLASS_TRACKER_BY_ID
+        builtins.__import__ = guarded_import
+        sys.meta_path.insert(0, self._finder)
+        cp._DYNAMIC_CLASS_TRACKER_BY_ID = weakref.WeakValueDictionary()
+        return Unpickler
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.roots:
+            return
+        import builtins
+
+        from cloudpickle import cloudpickle as cp
+
+        builtins.__import__ = self._import
+        if self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        cp._DYNAMIC_CLASS_TRACKER_BY_ID = self._tracker

@@ -33,7 +33,7 @@ import sys
 import traceback
 from typing import Any
 
-from ndif_executor import execute_job
+from ndif_executor import JobOutcome, execute_job
 
 # (name, strict): NDIF's WHITELISTED_MODULES, plus nnsight's own modules and linecache, which
 # nnsight 0.8.1 needs on the server.
@@ -219,3 +219,51 @@ def worker_main(connection: Any, loaders: dict, hidden: tuple) -> None:
         outcome = execute_job(models[key], blob, compress, unpickler=_unpickler(unpickling),
                               deserializing=unpickling, executing=protector_for(EXECUTION_MODULES))
         connection.send(tuple(outcome))
+
+
+class SandboxProcess:
+    """The parent's side: a spawned executor process (`worker_main`) with its models loaded,
+    taking one job at a time down a pipe."""
+
+    def __init__(self, loaders: dict, hidden: tuple, timeout_s: float = 300.0) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        worker = context.Process(target=worker_main, args=(child, loaders, hidden), name="loopback-ndif-sandbox",
+                                 daemon=True)
+        worker.start()
+        child.close()
+        if not parent.poll(timeout_s):
+            worker.kill()
+            raise TimeoutError(f"the sandbox process did not load its models in {timeout_s}s")
+        state, detail = parent.recv()
+        if state != "ready":
+            worker.join(5)
+            raise RuntimeError(f"the sandbox process failed to load its models:\n{detail}")
+        self.process, self.connection = worker, parent
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def run(self, model_key: str, blob: bytes, compress: bool, timeout_s: float) -> JobOutcome:
+        """One job; past `timeout_s` the process is killed and TimeoutError raised."""
+        self.connection.send((model_key, blob, compress))
+        if not self.connection.poll(timeout_s):
+            self.process.kill()
+            self.process.join(5)
+            self.connection.close()
+            raise TimeoutError(f"the job took longer than {timeout_s:g}s")
+        return JobOutcome(*self.connection.recv())
+
+    def stop(self) -> None:
+        try:
+            self.connection.send(None)
+        except Exception:
+            pass
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.connection.close()

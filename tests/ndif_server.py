@@ -215,8 +215,7 @@ class LoopbackNDIF:
         # what the server runs: a client whose Python minor version differs is refused (HTTP 400)
         self.python_version = python_version or sys.version.split()[0]
         self.min_nnsight_version = min_nnsight_version
-        self._worker: Any = None
-        self._connection: Any = None
+        self._worker: Any = None  # the sandbox process (ndif_sandbox.SandboxProcess)
         self.api_key = api_key
         self.host = "127.0.0.1"
         self.port = port
@@ -588,73 +587,43 @@ class LoopbackNDIF:
         return None
 
     def _execute(self, model: Any, job: _Job) -> tuple[bytes, str]:
+        """Run one request (`ndif_executor.execute_job`): in the sandbox process, or here on the
+        executor thread with the request's env applied. Returns the result blob and what the
+        trace printed."""
         if self.sandbox is not None:
             return self._execute_sandboxed(job)
-        with _hidden_modules(self.hide_modules) as unpickler:
-            return self._execute_job(model, job, unpickler)
+        from ndif_executor import execute_job, hidden_modules
 
-    # -- the sandboxed executor process ------------------------------------------------------
+        with hidden_modules(self.hide_modules) as unpickler:
+            outcome = execute_job(model, job.blob, job.compress, env=job.env, unpickler=unpickler)
+        if not outcome.ok:
+            raise _JobError(outcome.payload)
+        return outcome.payload, outcome.printed
+
+    # -- the sandboxed executor process (tests/ndif_sandbox.py) -------------------------------
 
     def start_worker(self, timeout_s: float = 300.0) -> None:
         """Start the executor process and wait until its models are loaded."""
-        import multiprocessing
+        from ndif_sandbox import SandboxProcess
 
-        import ndif_sandbox
-
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        worker = context.Process(target=ndif_sandbox.worker_main, args=(child, self.sandbox, tuple(self.hide_modules)),
-                                 name="loopback-ndif-sandbox", daemon=True)
-        worker.start()
-        child.close()
-        if not parent.poll(timeout_s):
-            worker.kill()
-            raise TimeoutError(f"the sandbox process did not load its models in {timeout_s}s")
-        state, detail = parent.recv()
-        if state != "ready":
-            worker.join(5)
-            raise RuntimeError(f"the sandbox process failed to load its models:\n{detail}")
-        self._worker, self._connection = worker, parent
+        self._worker = SandboxProcess(self.sandbox, tuple(self.hide_modules), timeout_s)
 
     def stop_worker(self) -> None:
-        if self._worker is None:
-            return
-        try:
-            self._connection.send(None)
-        except Exception:
-            pass
-        self._worker.join(10)
-        if self._worker.is_alive():
-            self._worker.kill()
-            self._worker.join(5)
-        self._connection.close()
-        self._worker = self._connection = None
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
 
     def _execute_sandboxed(self, job: _Job) -> tuple[bytes, str]:
-        if self._worker is None or not self._worker.is_alive():
+        if self._worker is None or not self._worker.alive:
             self.stop_worker()
             self.start_worker()
-        self._connection.send((job.model_key, job.blob, job.compress))
-        if not self._connection.poll(self.job_timeout_s):
+        try:
+            outcome = self._worker.run(job.model_key, job.blob, job.compress, self.job_timeout_s)
+        except TimeoutError:
             # as NDIF: a job past the timeout is killed (here with its process; a fresh one
             # serves the next job)
-            self._worker.kill()
-            self._worker.join(5)
-            self._connection.close()
-            self._worker = self._connection = None
-            raise _JobError(f"Job took longer than timeout: {self.job_timeout_s:g} seconds")
-        ok, payload, printed = self._connection.recv()
-        if not ok:
-            raise _JobError(payload)
-        return payload, printed
-
-    @staticmethod
-    def _execute_job(model: Any, job: _Job, unpickler: Any = None) -> tuple[bytes, str]:
-        """Run one request in this process, on the executor thread (`ndif_executor.execute_job`,
-        the request's env applied). Returns the result blob and what the trace printed."""
-        from ndif_executor import execute_job
-
-        outcome = execute_job(model, job.blob, job.compress, env=job.env, unpickler=unpickler)
+            self._worker = None
+            raise _JobError(f"Job took longer than timeout: {self.job_timeout_s:g} seconds") from None
         if not outcome.ok:
             raise _JobError(outcome.payload)
         return outcome.payload, outcome.printed
@@ -668,73 +637,3 @@ def _abort(websocket: Any) -> None:
     if transport is None:
         raise RuntimeError("cannot reach the websocket transport to drop the connection")
     transport.abort()
-
-
-class _HiddenModuleFinder:
-    """A sys.meta_path entry refusing hidden packages on one thread (new imports only)."""
-
-    def __init__(self, roots: tuple[str, ...], thread_id: int) -> None:
-        self.roots, self.thread_id = roots, thread_id
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if threading.get_ident() == self.thread_id and name.split(".")[0] in self.roots:
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
-        return None
-
-
-class _hidden_modules:
-    """Context manager: while a job runs on this thread, the packages in `roots` cannot be
-    imported from it, and cloudpickle rebuilds by-value classes afresh. Yields the unpickler
-    class for ``RequestModel.deserialize`` (None when nothing is hidden)."""
-
-    def __init__(self, roots: tuple[str, ...]) -> None:
-        self.roots = tuple(roots)
-
-    def __enter__(self) -> Any:
-        if not self.roots:
-            return None
-        import builtins
-        import weakref
-
-        from cloudpickle import cloudpickle as cp
-        from nnsight.intervention.serialization import CustomCloudUnpickler
-
-        roots, thread_id = self.roots, threading.get_ident()
-
-        def hidden(name: str) -> bool:
-            return threading.get_ident() == thread_id and name.split(".")[0] in roots
-
-        def refuse(name: str) -> None:
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
-
-        original_import = builtins.__import__
-
-        def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and hidden(name):
-                refuse(name)
-            return original_import(name, globals, locals, fromlist, level)
-
-        class Unpickler(CustomCloudUnpickler):
-            def find_class(self, module: str, name: str) -> Any:
-                if hidden(module):
-                    refuse(module)
-                return super().find_class(module, name)
-
-        self._import, self._finder = original_import, _HiddenModuleFinder(roots, thread_id)
-        self._tracker = cp._DYNAMIC_CLASS_TRACKER_BY_ID
-        builtins.__import__ = guarded_import
-        sys.meta_path.insert(0, self._finder)
-        cp._DYNAMIC_CLASS_TRACKER_BY_ID = weakref.WeakValueDictionary()
-        return Unpickler
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self.roots:
-            return
-        import builtins
-
-        from cloudpickle import cloudpickle as cp
-
-        builtins.__import__ = self._import
-        if self._finder in sys.meta_path:
-            sys.meta_path.remove(self._finder)
-        cp._DYNAMIC_CLASS_TRACKER_BY_ID = self._tracker
