@@ -276,7 +276,7 @@ class _Discarding:
         self.summary = summary
         self.keep = keep
 
-    def put_group(self, results: list[tuple]) -> None:
+    def put_group(self, results: list[Any]) -> None:
         if self.keep is not None:
             self.keep.extend(results)
         self.summary.written += len(results)
@@ -297,18 +297,21 @@ def runner_loop(model: Any, spec_text: str, samples: list[Any], store_path: Path
 
     from workbench.data import input_hash
     from workbench.plan import compile_plan
-    from workbench.runner import RunSummary, _Run, result_writer
+    from workbench.executors.local import LocalExecutor
+    from workbench.runner import RunContext, RunSummary, _Run, result_writer
     from workbench.spec import parse_spec
     from workbench.store import StoreWriter
+    from workbench.worklist import PendingRun
 
     spec = parse_spec(spec_text, source="<benchmark spec>")
     plan = compile_plan(spec, model.info)
     summary = RunSummary(store=str(store_path))
     bar = tqdm(disable=True)
     with StoreWriter(store_path) as store:
-        run = _Run(spec, store, summary, {s.id: input_hash(s) for s in samples}, bar, lambda _: None,
-                   str(model.device), "auto", None, {model.model_id: model}, None)
-        todo = [(plan, s, c) for s in samples for c in plan.conditions]
+        executor = LocalExecutor(str(model.device), models={model.model_id: model})
+        run = _Run(RunContext(spec, store, executor, summary, {s.id: input_hash(s) for s in samples}, bar,
+                              lambda _: None))
+        todo = [PendingRun(plan, s, c) for s in samples for c in plan.conditions]
         sync()
         cpu, wall, main = time.process_time(), time.perf_counter(), time.thread_time()
         writing = result_writer(store, spec, summary, bar) if store_writes else contextlib.nullcontext(_Discarding(summary, keep))

@@ -24,14 +24,17 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import interleave, median, new_dir, pair_fields
+
+if TYPE_CHECKING:
+    from workbench.writer import StoredResult
 
 REAL = dict(dim=2048, vocab=151936)  # Qwen3-VL-2B's text model (benchmarks/realsize.py)
 
 
-def sweep_labels(samples: int, workdir: Path | None = None) -> list[list[tuple]]:
+def sweep_labels(samples: int, workdir: Path | None = None) -> list[list[StoredResult]]:
     """Per sample, the 8 results (as `StoreWriter.write_samples` takes them) of the tiny model's
     alpha sweep, run once through the runner's own loop with its results kept, not stored."""
     from workbench.data import builtin_samples
@@ -51,18 +54,19 @@ def sweep_labels(samples: int, workdir: Path | None = None) -> list[list[tuple]]
     return [kept[i:i + per] for i in range(0, len(kept), per)]
 
 
-def real_size(batches: list[list[tuple]], dim: int, vocab: int) -> list[list[tuple]]:
+def real_size(batches: list[list[StoredResult]], dim: int, vocab: int) -> list[list[StoredResult]]:
     """The same results with `hidden` (token, layer, dim) and `logprobs` (run, step, vocab) of
     a real model's width: bfloat16-valued float32 (as a bf16 model's captures are), a different
     slice of one random block per condition."""
     import numpy as np
 
     from workbench.store import Variable
+    from workbench.writer import StoredResult
 
     from .store_write import bf16_valued
 
-    tokens = max(r[3]["hidden"].data.shape[0] for b in batches for r in b)
-    layers = batches[0][0][3]["hidden"].data.shape[1]
+    tokens = max(r.variables["hidden"].data.shape[0] for b in batches for r in b)
+    layers = batches[0][0].variables["hidden"].data.shape[1]
     per = len(batches[0])
     hidden = bf16_valued((tokens + per, layers, dim), seed=0)
     logprobs = bf16_valued((per, 1, 1, vocab), seed=1)
@@ -73,21 +77,21 @@ def real_size(batches: list[list[tuple]], dim: int, vocab: int) -> list[list[tup
             h, lp = variables["hidden"], variables["logprobs"]
             v = {**variables, "hidden": Variable(h.dims, hidden[k:k + h.data.shape[0]], h.coords),
                  "logprobs": Variable(lp.dims, logprobs[k], lp.coords)}
-            rows.append((model, condition, sample, v, attrs, input_hash))
+            rows.append(StoredResult(model, condition, sample, v, attrs, input_hash))
         out.append(rows)
     return out
 
 
-def plain(batches: list[list[tuple]], out_dir: Path, forward_s: float) -> None:
+def plain(batches: list[list[StoredResult]], out_dir: Path, forward_s: float) -> None:
     import numpy as np
 
     for i, batch in enumerate(batches):
         time.sleep(forward_s)
-        np.save(out_dir / f"hidden-{i}.npy", np.stack([r[3]["hidden"].data for r in batch]))
-        np.save(out_dir / f"logprobs-{i}.npy", np.stack([r[3]["logprobs"].data for r in batch]))
+        np.save(out_dir / f"hidden-{i}.npy", np.stack([r.variables["hidden"].data for r in batch]))
+        np.save(out_dir / f"logprobs-{i}.npy", np.stack([r.variables["logprobs"].data for r in batch]))
 
 
-def workbench(batches: list[list[tuple]], store_path: Path, forward_s: float, backlog: bool = True) -> int:
+def workbench(batches: list[list[StoredResult]], store_path: Path, forward_s: float, backlog: bool = True) -> int:
     """The background writer fed a sample's results after each forward; returns its commits.
     The store is opened before and closed after (once per run, as a run does), inside the timing
     here: its share is small beside the writes."""
@@ -97,7 +101,7 @@ def workbench(batches: list[list[tuple]], store_path: Path, forward_s: float, ba
 
     backend = BackendSpec()  # the runner's defaults: its queue's cap and commit interval
     with StoreWriter(store_path) as store:
-        store.ensure_model(batches[0][0][0], {"family": "smolvlm"})
+        store.ensure_model(batches[0][0].model_id, {"family": "smolvlm"})
         with BackgroundWriter(store, backend.write_queue_mb << 20, None, backend.commit_interval_s) as writer:
             if not backlog:  # the writer before backlog commits: every commit capped at 16 MiB
                 writer._gather_bytes = writer._backlog_bytes = 16 << 20
@@ -111,7 +115,7 @@ def measure(samples: int = 24, repeats: int = 3, forward_ms: float = 50.0, dim: 
             vocab: int = REAL["vocab"], workdir: Path | None = None, diagnostic: bool = True) -> dict[str, Any]:
     batches = real_size(sweep_labels(samples, workdir), dim, vocab)
     forward_s = forward_ms / 1e3
-    result_mb = sum(v.data.nbytes for v in batches[0][0][3].values()) / 1e6
+    result_mb = sum(v.data.nbytes for v in batches[0][0].variables.values()) / 1e6
     out: dict[str, Any] = {"samples": samples, "conditions_per_sample": len(batches[0]), "forward_ms": forward_ms,
                            "dim": dim, "vocab": vocab, "result_mb": round(result_mb, 2)}
     with tempfile.TemporaryDirectory(prefix="bench-fastfwd-", dir=workdir) as tmp:

@@ -21,17 +21,19 @@ and src/services/ray/src/ray/nn/security/protected_environment.py), not copied:
 - Per-request `env` (e.g. `attn_implementation`) is ignored, as NDIF ignores it: a model runs
   with the attention implementation it was deployed with.
 
-The parent (`tests/ndif_server.py`) sends jobs down a pipe and enforces the job timeout by
-killing this process (a new one starts for the next job).
+The job itself runs through the loopback server's one executor (`tests/ndif_executor.py`), here
+inside the whitelists. The parent (`tests/ndif_server.py`) sends jobs down a pipe and enforces
+the job timeout by killing this process (a new one starts for the next job).
 """
 
 from __future__ import annotations
 
 import builtins
-import io
 import sys
 import traceback
 from typing import Any
+
+from ndif_executor import JobOutcome, execute_job
 
 # (name, strict): NDIF's WHITELISTED_MODULES, plus nnsight's own modules and linecache, which
 # nnsight 0.8.1 needs on the server.
@@ -181,52 +183,6 @@ class _Hidden:
         return None
 
 
-def execute(model: Any, blob: bytes, compress: bool, protector_for: Any) -> tuple[Any, str, bool]:
-    """One request: unpickle under the deserialization whitelist, run under the execution
-    whitelist; returns (the result blob or the error description, what the trace printed, ok)."""
-    import contextlib
-    import linecache
-
-    import torch
-    from nnsight.schema.request import RequestModel
-    from nnsight.tracing.tracer import _saves, dec, inc
-
-    printed = io.StringIO()
-    tracer = None
-    try:
-        with contextlib.redirect_stdout(printed):
-            persistent = model._remoteable_persistent_objects()
-            unpickling = protector_for(DESERIALIZATION_MODULES)
-            with unpickling:
-                tracer = RequestModel.deserialize(blob, persistent, compress=compress, unpickler=_unpickler(unpickling))
-            inc()
-            try:
-                with protector_for(EXECUTION_MODULES):
-                    tracer.execute(tracer.info.code)
-                marked = _saves()
-                saves = {k: v for k, v in tracer.info.frame.f_locals.items() if id(v) in marked}
-            finally:
-                dec()
-    except Exception as exception:
-        tb = exception.__traceback__
-        if tracer is not None and hasattr(tracer, "traceback"):
-            try:
-                tb = tracer.traceback(exception)
-            except Exception:
-                pass
-        return "".join(traceback.format_exception(type(exception), exception, tb)), printed.getvalue(), False
-    finally:
-        linecache.clearcache()
-    buffer = io.BytesIO()
-    torch.save(saves, buffer)
-    result = buffer.getvalue()
-    if compress:
-        import zstandard as zstd
-
-        result = zstd.ZstdCompressor(level=6).compress(result)
-    return result, printed.getvalue(), True
-
-
 def worker_main(connection: Any, loaders: dict, hidden: tuple) -> None:
     """The executor process: load the models, then run jobs from `connection` one at a time.
     Messages in: (model_key, blob, compress); out: ("ready", None) once, then
@@ -257,5 +213,57 @@ def worker_main(connection: Any, loaders: dict, hidden: tuple) -> None:
         if key not in models:
             connection.send((False, f"model {key} is not loaded on this server", ""))
             continue
-        payload, printed, ok = execute(models[key], blob, compress, protector_for)
-        connection.send((ok, payload, printed))
+        # unpickled under the deserialization whitelist (pickle's find_class checked too), run
+        # under the execution whitelist; the request's env is ignored, as NDIF ignores it
+        unpickling = protector_for(DESERIALIZATION_MODULES)
+        outcome = execute_job(models[key], blob, compress, unpickler=_unpickler(unpickling),
+                              deserializing=unpickling, executing=protector_for(EXECUTION_MODULES))
+        connection.send(tuple(outcome))
+
+
+class SandboxProcess:
+    """The parent's side: a spawned executor process (`worker_main`) with its models loaded,
+    taking one job at a time down a pipe."""
+
+    def __init__(self, loaders: dict, hidden: tuple, timeout_s: float = 300.0) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        worker = context.Process(target=worker_main, args=(child, loaders, hidden), name="loopback-ndif-sandbox",
+                                 daemon=True)
+        worker.start()
+        child.close()
+        if not parent.poll(timeout_s):
+            worker.kill()
+            raise TimeoutError(f"the sandbox process did not load its models in {timeout_s}s")
+        state, detail = parent.recv()
+        if state != "ready":
+            worker.join(5)
+            raise RuntimeError(f"the sandbox process failed to load its models:\n{detail}")
+        self.process, self.connection = worker, parent
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def run(self, model_key: str, blob: bytes, compress: bool, timeout_s: float) -> JobOutcome:
+        """One job; past `timeout_s` the process is killed and TimeoutError raised."""
+        self.connection.send((model_key, blob, compress))
+        if not self.connection.poll(timeout_s):
+            self.process.kill()
+            self.process.join(5)
+            self.connection.close()
+            raise TimeoutError(f"the job took longer than {timeout_s:g}s")
+        return JobOutcome(*self.connection.recv())
+
+    def stop(self) -> None:
+        try:
+            self.connection.send(None)
+        except Exception:
+            pass
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.connection.close()

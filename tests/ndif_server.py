@@ -2,7 +2,8 @@
 
 The unmodified 0.8.1 client (``model.trace(..., remote=server.url)``, ``blocking=False`` + poll,
 ``model.session(remote=...)``, ``AsyncRemoteBackend``, ``nnsight.status()``) talks to it exactly as
-it talks to the real NDIF. Each request is executed with nnsight's own server-side pieces, as its
+it talks to the real NDIF. Each request is executed by ``tests/ndif_executor.py`` (the one job
+executor of this server and its sandbox) with nnsight's own server-side pieces, as its
 ``remote="local"`` backend does: ``model._remoteable_persistent_objects()``,
 ``model._remoteable_set_env(env)``, ``RequestModel.deserialize(...)``, ``tracer.execute(...)``; the
 saved values are those the trace marked with ``save`` (nnsight's own save set), ``torch.save``-d and
@@ -109,14 +110,11 @@ _preload_server_stack()
 
 import asyncio  # noqa: E402
 import concurrent.futures  # noqa: E402
-import io  # noqa: E402
 import json  # noqa: E402
-import linecache  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 import uuid  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
@@ -173,31 +171,6 @@ class _Job:
         self.blob = blob
 
 
-class _ThreadStdout:
-    """sys.stdout stand-in that captures writes from one thread and forwards every other thread's.
-
-    The client's status display writes to stdout from its own thread while a job runs here, so
-    a plain ``redirect_stdout`` would capture the client's spinner as the job's LOG output.
-    """
-
-    def __init__(self, target: Any, thread_id: int) -> None:
-        self._target = target
-        self._thread_id = thread_id
-        self.buffer = io.StringIO()
-
-    def write(self, text: str) -> int:
-        if threading.get_ident() == self._thread_id:
-            return self.buffer.write(text)
-        return self._target.write(text)
-
-    def flush(self) -> None:
-        if threading.get_ident() != self._thread_id:
-            self._target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
-
 class LoopbackNDIF:
     """An in-process NDIF stand-in on 127.0.0.1 for the unmodified nnsight 0.8.1 client.
 
@@ -242,8 +215,7 @@ class LoopbackNDIF:
         # what the server runs: a client whose Python minor version differs is refused (HTTP 400)
         self.python_version = python_version or sys.version.split()[0]
         self.min_nnsight_version = min_nnsight_version
-        self._worker: Any = None
-        self._connection: Any = None
+        self._worker: Any = None  # the sandbox process (ndif_sandbox.SandboxProcess)
         self.api_key = api_key
         self.host = "127.0.0.1"
         self.port = port
@@ -615,120 +587,46 @@ class LoopbackNDIF:
         return None
 
     def _execute(self, model: Any, job: _Job) -> tuple[bytes, str]:
+        """Run one request (`ndif_executor.execute_job`): in the sandbox process, or here on the
+        executor thread with the request's env applied. Returns the result blob and what the
+        trace printed."""
         if self.sandbox is not None:
             return self._execute_sandboxed(job)
-        with _hidden_modules(self.hide_modules) as unpickler:
-            return self._execute_job(model, job, unpickler)
+        from ndif_executor import execute_job, hidden_modules
 
-    # -- the sandboxed executor process ------------------------------------------------------
+        with hidden_modules(self.hide_modules) as unpickler:
+            outcome = execute_job(model, job.blob, job.compress, env=job.env, unpickler=unpickler)
+        if not outcome.ok:
+            raise _JobError(outcome.payload)
+        return outcome.payload, outcome.printed
+
+    # -- the sandboxed executor process (tests/ndif_sandbox.py) -------------------------------
 
     def start_worker(self, timeout_s: float = 300.0) -> None:
         """Start the executor process and wait until its models are loaded."""
-        import multiprocessing
+        from ndif_sandbox import SandboxProcess
 
-        import ndif_sandbox
-
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        worker = context.Process(target=ndif_sandbox.worker_main, args=(child, self.sandbox, tuple(self.hide_modules)),
-                                 name="loopback-ndif-sandbox", daemon=True)
-        worker.start()
-        child.close()
-        if not parent.poll(timeout_s):
-            worker.kill()
-            raise TimeoutError(f"the sandbox process did not load its models in {timeout_s}s")
-        state, detail = parent.recv()
-        if state != "ready":
-            worker.join(5)
-            raise RuntimeError(f"the sandbox process failed to load its models:\n{detail}")
-        self._worker, self._connection = worker, parent
+        self._worker = SandboxProcess(self.sandbox, tuple(self.hide_modules), timeout_s)
 
     def stop_worker(self) -> None:
-        if self._worker is None:
-            return
-        try:
-            self._connection.send(None)
-        except Exception:
-            pass
-        self._worker.join(10)
-        if self._worker.is_alive():
-            self._worker.kill()
-            self._worker.join(5)
-        self._connection.close()
-        self._worker = self._connection = None
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
 
     def _execute_sandboxed(self, job: _Job) -> tuple[bytes, str]:
-        if self._worker is None or not self._worker.is_alive():
+        if self._worker is None or not self._worker.alive:
             self.stop_worker()
             self.start_worker()
-        self._connection.send((job.model_key, job.blob, job.compress))
-        if not self._connection.poll(self.job_timeout_s):
+        try:
+            outcome = self._worker.run(job.model_key, job.blob, job.compress, self.job_timeout_s)
+        except TimeoutError:
             # as NDIF: a job past the timeout is killed (here with its process; a fresh one
             # serves the next job)
-            self._worker.kill()
-            self._worker.join(5)
-            self._connection.close()
-            self._worker = self._connection = None
-            raise _JobError(f"Job took longer than timeout: {self.job_timeout_s:g} seconds")
-        ok, payload, printed = self._connection.recv()
-        if not ok:
-            raise _JobError(payload)
-        return payload, printed
-
-    @staticmethod
-    def _execute_job(model: Any, job: _Job, unpickler: Any = None) -> tuple[bytes, str]:
-        """Run one request with nnsight's own server-side pieces (the `remote="local"` path).
-
-        Runs on the executor thread, so nnsight's per-thread save set and trace depth are this
-        job's alone. Returns the result blob (``torch.save`` of the saved values, zstd-compressed
-        when the request was) and what the trace printed.
-        """
-        import torch
-        from nnsight.schema.request import RequestModel
-        from nnsight.tracing.tracer import _saves, dec, inc
-
-        # deserialize() registers the block's source in linecache under the client's filename;
-        # in-process that would shadow the client's real file for its next trace: restore it.
-        lines_before = dict(linecache.cache)
-        capture = _ThreadStdout(sys.stdout, threading.get_ident())
-        sys.stdout = capture
-        tracer = None
-        try:
-            persistent = model._remoteable_persistent_objects()
-            model._remoteable_set_env(job.env)
-            extra = {"unpickler": unpickler} if unpickler is not None else {}
-            tracer = RequestModel.deserialize(job.blob, persistent, compress=job.compress, **extra)
-            inc()  # depth 1: this is the outermost trace, so only save()-marked values come back
-            try:
-                tracer.execute(tracer.info.code)
-                marked = _saves()
-                saves = {k: v for k, v in tracer.info.frame.f_locals.items() if id(v) in marked}
-            finally:
-                dec()
-        except Exception as exception:
-            tb = exception.__traceback__
-            if tracer is not None and hasattr(tracer, "traceback"):
-                try:
-                    tb = tracer.traceback(exception)
-                except Exception:
-                    pass
-            description = "".join(traceback.format_exception(type(exception), exception, tb))
-            raise _JobError(description) from None
-        finally:
-            if sys.stdout is capture:
-                sys.stdout = capture._target
-            linecache.cache.clear()
-            linecache.cache.update(lines_before)
-            tracer = None
-
-        buffer = io.BytesIO()
-        torch.save(saves, buffer)
-        blob = buffer.getvalue()
-        if job.compress:
-            import zstandard as zstd
-
-            blob = zstd.ZstdCompressor(level=6).compress(blob)
-        return blob, capture.buffer.getvalue()
+            self._worker = None
+            raise _JobError(f"Job took longer than timeout: {self.job_timeout_s:g} seconds") from None
+        if not outcome.ok:
+            raise _JobError(outcome.payload)
+        return outcome.payload, outcome.printed
 
 
 def _abort(websocket: Any) -> None:
@@ -739,73 +637,3 @@ def _abort(websocket: Any) -> None:
     if transport is None:
         raise RuntimeError("cannot reach the websocket transport to drop the connection")
     transport.abort()
-
-
-class _HiddenModuleFinder:
-    """A sys.meta_path entry refusing hidden packages on one thread (new imports only)."""
-
-    def __init__(self, roots: tuple[str, ...], thread_id: int) -> None:
-        self.roots, self.thread_id = roots, thread_id
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if threading.get_ident() == self.thread_id and name.split(".")[0] in self.roots:
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
-        return None
-
-
-class _hidden_modules:
-    """Context manager: while a job runs on this thread, the packages in `roots` cannot be
-    imported from it, and cloudpickle rebuilds by-value classes afresh. Yields the unpickler
-    class for ``RequestModel.deserialize`` (None when nothing is hidden)."""
-
-    def __init__(self, roots: tuple[str, ...]) -> None:
-        self.roots = tuple(roots)
-
-    def __enter__(self) -> Any:
-        if not self.roots:
-            return None
-        import builtins
-        import weakref
-
-        from cloudpickle import cloudpickle as cp
-        from nnsight.intervention.serialization import CustomCloudUnpickler
-
-        roots, thread_id = self.roots, threading.get_ident()
-
-        def hidden(name: str) -> bool:
-            return threading.get_ident() == thread_id and name.split(".")[0] in roots
-
-        def refuse(name: str) -> None:
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed on this server)", name=name)
-
-        original_import = builtins.__import__
-
-        def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and hidden(name):
-                refuse(name)
-            return original_import(name, globals, locals, fromlist, level)
-
-        class Unpickler(CustomCloudUnpickler):
-            def find_class(self, module: str, name: str) -> Any:
-                if hidden(module):
-                    refuse(module)
-                return super().find_class(module, name)
-
-        self._import, self._finder = original_import, _HiddenModuleFinder(roots, thread_id)
-        self._tracker = cp._DYNAMIC_CLASS_TRACKER_BY_ID
-        builtins.__import__ = guarded_import
-        sys.meta_path.insert(0, self._finder)
-        cp._DYNAMIC_CLASS_TRACKER_BY_ID = weakref.WeakValueDictionary()
-        return Unpickler
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self.roots:
-            return
-        import builtins
-
-        from cloudpickle import cloudpickle as cp
-
-        builtins.__import__ = self._import
-        if self._finder in sys.meta_path:
-            sys.meta_path.remove(self._finder)
-        cp._DYNAMIC_CLASS_TRACKER_BY_ID = self._tracker

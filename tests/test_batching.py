@@ -306,7 +306,7 @@ PAD_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}
 
 
 def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
-    """The runner's packing (`_execute_window`), counted with a plain PyTorch hook on the input
+    """The runner's packing (`LocalExecutor.execute`), counted with a plain PyTorch hook on the input
     embedding: 4 builtin samples of one condition, prompts of 4 different lengths and images of
     different patch counts, run as ONE prompt forward of 4 rows as wide as the longest prompt
     (so the others were padded), then 2 decode steps of 4 rows; each row's results equal the
@@ -316,23 +316,24 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
 
     from workbench.backends.local import run_rows
     from workbench.data import builtin_samples
-    from workbench.runner import LazyInputs, _execute_window
+    from workbench.executors import LazyInputs, SampleWork
+    from workbench.executors.local import LocalExecutor
 
     model = load_tiny("tiny-qwen3vl", attn="sdpa")
     plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
     plan = plan.replace(batch_size=4)
-    samples = [(s, LazyInputs(model, s), list(plan.conditions)) for s in builtin_samples(4)]
+    samples = [SampleWork(s, LazyInputs(model, s), list(plan.conditions)) for s in builtin_samples(4)]
     lengths = [inputs["real"].n_tokens for _, inputs, _ in samples]
     patches = [inputs["real"].encoding["pixel_values"].shape[0] for _, inputs, _ in samples]
     assert len(set(lengths)) == 4 and len(set(patches)) > 1, (lengths, patches)
     shapes = []
     hook = model.hf.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
     try:
-        groups = list(_execute_window(model, samples, plan, tqdm(disable=True)))
+        groups = list(LocalExecutor(models={model.model_id: model}).execute(model, samples, plan, tqdm(disable=True)))
     finally:
         hook.remove()
     assert shapes == [(4, max(lengths)), (4, 1), (4, 1)]
-    assert len(groups) == 1 and [entry[0].id for entry in groups[0]] == [s.id for s, _, _ in samples]
+    assert len(groups) == 1 and [outcome.sample.id for outcome in groups[0]] == [s.id for s, _, _ in samples]
     for sample, inputs, condition, result in groups[0]:
         alone = run_rows(model, [(inputs, condition)], plan)[0]
         assert result.tokens["hidden"].shape[0] == inputs["real"].n_tokens  # unpadded

@@ -99,9 +99,10 @@ def test_name_clashes_are_found_without_listing_the_names(tmp_path, conditions):
 def first_run_peak(tmp_path: Path, count: int) -> int:
     """tracemalloc peak from the spec's text to its first run: validation, every model's plan,
     the resume check against a store, the first (plan, sample, condition) taken."""
-    from workbench.runner import check_resume, compile_all
+    from workbench.resume import resume_state
+    from workbench.runner import compile_all
     from workbench.store import StoreWriter
-    from workbench.worklist import SampleStream, pending_runs, survey
+    from workbench.worklist import SampleStream, survey
 
     text = spec_text(tmp_path / f"s{count}.zarr", "  baseline: {}\n" + swept("grid", {
         "alpha": list(range(count // 100)), "beta": list(range(100))}, factor="alpha"))
@@ -112,8 +113,8 @@ def first_run_peak(tmp_path: Path, count: int) -> int:
             spec = parse_spec(text)
             plans = compile_all(spec)
             samples = SampleStream(spec.data)
-            done = check_resume(store, spec, plans, survey(samples))
-            plan, sample, condition = next(pending_runs(plans, samples, done))
+            state = resume_state(store, spec, plans, survey(samples))
+            plan, sample, condition = next(state.pending(plans, samples))
             assert (sample.id, condition.name) == ("builtin/counting/000", "baseline")
             assert len(plan.conditions) == count + 1
             return tracemalloc.get_traced_memory()[1]

@@ -32,6 +32,7 @@ from nnsight.intervention.backends.remote import RemoteError  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench.backends import remote as remote_backend  # noqa: E402
+from workbench.backends import remote_checks  # noqa: E402
 from workbench.backends.remote import (  # noqa: E402
     RemoteAuthError,
     RemoteConfig,
@@ -71,7 +72,7 @@ def sandboxed(workbench_cache):
 
 @pytest.fixture(autouse=True)
 def _fresh(request, monkeypatch):
-    remote_backend._CHECKED.clear()
+    remote_checks._CHECKED.clear()
     monkeypatch.delenv("NDIF_API_KEY", raising=False)
     monkeypatch.setattr(CONFIG.API, "APIKEY", None)
     if "sandboxed" in request.fixturenames:
@@ -80,7 +81,7 @@ def _fresh(request, monkeypatch):
         srv.job_timeout_s = 3600.0
         srv.forbid_next_requests = 0
     yield
-    remote_backend._CHECKED.clear()
+    remote_checks._CHECKED.clear()
 
 
 def cfg(server, **overrides) -> RemoteConfig:
@@ -215,7 +216,7 @@ def test_a_different_python_is_refused_with_the_workbench_message(sandboxed, tmp
                         files={"blob": b"x"}, data={"data": json.dumps({"model_key": ndif_key("tiny-llama")})})
     assert answer.status_code == 400 and "does not match server version" in answer.json()["detail"]
     # a server without /env: the workbench learns it from the server's own refusal, and says so
-    remote_backend._CHECKED[sandboxed.url] = {}
+    remote_checks._CHECKED[sandboxed.url] = {}
     with pytest.raises(RemoteSetupError, match=r"refused this client's versions \(Python 3\.11") as info:
         run(simple_spec(store), remote=cfg(sandboxed))
     assert "does not match server version" in str(info.value) and info.value.exit_code == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -111,14 +110,15 @@ def _remote_target(value: str) -> str:
 
 
 def cmd_ndif_status(args: argparse.Namespace) -> int:
-    from .backends.remote import RemoteConfig, status_table
+    from .backends.remote_checks import status_table
+    from .backends.remote_config import RemoteConfig
 
     print(status_table(RemoteConfig.from_env(args.remote or True)))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .backends.remote import RemoteRunError
+    from .backends.remote_faults import RemoteRunError
     from .runner import run_spec, tune_allocator
 
     spec = _load(args)
@@ -429,12 +429,6 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
     _LOG.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    from .errors import Terminated
-
-    raise Terminated()
-
-
 def _quiet_libraries() -> None:
     """Our own progress bar is the one to watch: silence per-file load bars and info logs."""
     import os
@@ -451,6 +445,7 @@ def _quiet_libraries() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, Terminated, WorkbenchError
+    from .signals import restore_sigterm, stop_on_sigterm
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -460,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.quiet, args.verbose)
     if args.command in ("run", "validate"):  # the commands that load models
         _quiet_libraries()
-    previous = _stop_on_sigterm()
+    previous = stop_on_sigterm()
     try:
         return args.func(args)
     except Interrupted as err:  # a run stopped by Ctrl-C / SIGTERM: how much is stored, how to go on
@@ -477,24 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _stop_on_sigterm() -> Any:
-    """SIGTERM stops a run as Ctrl-C does (`Terminated`). The POSIX convention holds for both: a
-    process started with a signal ignored keeps ignoring it, as a background job (`cmd &`) ignores
-    SIGINT, and as CPython itself then installs no KeyboardInterrupt handler (signal module docs,
-    "Python installs a small number of signal handlers by default")."""
-    if not _main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-        return None
-    return signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+        restore_sigterm(previous)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 # vision-tower rows (`patch` dim): the sample and the row's index within it
 PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
-# readable labels the runner stores beside the ids (workbench.runner.text_labels)
+# readable labels the runner stores beside the ids (workbench.labels.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
                "run_generated_text", "run_response", "run_answer_ids")
 # the per-run text labels above (all but token_text) are stored together, one JSON object per run,

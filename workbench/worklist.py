@@ -10,10 +10,18 @@ Memory before work starts grows by an id and a hash per sample, never by an imag
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from .data import Sample, input_hash, iter_samples
-from .plan import condition_names
+from .plan import ConditionPlan, ModelPlan, condition_names
+
+
+class PendingRun(NamedTuple):
+    """One (model, sample, condition) run not yet stored."""
+
+    plan: ModelPlan
+    sample: Sample
+    condition: ConditionPlan
 
 
 class SampleStream:
@@ -44,7 +52,7 @@ def count_done(plans: list[Any], ids: Mapping[str, Any], done: Mapping[tuple[str
 
 
 def pending_runs(plans: list[Any], samples: SampleStream,
-                 done: Mapping[tuple[str, str], set[str]]) -> Iterator[tuple[Any, Sample, Any]]:
+                 done: Mapping[tuple[str, str], set[str]]) -> Iterator[PendingRun]:
     """(plan, sample, condition) of every run not yet stored, per model, per sample, per condition;
     each model's pass reads the samples again, skipping those it holds entirely. A condition's plan
     is compiled when its first run is taken, and kept for the next samples."""
@@ -55,4 +63,4 @@ def pending_runs(plans: list[Any], samples: SampleStream,
                 if sample.id not in done.get((plan.info.model_id, name), ()):
                     if i not in taken:
                         taken[i] = plan.conditions[i]
-                    yield plan, sample, taken[i]
+                    yield PendingRun(plan, sample, taken[i])

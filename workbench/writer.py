@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Protocol
 
 from .store import StoreWriter, Variable
 
@@ -54,6 +54,31 @@ COMMIT_SHARE = 0.02
 PACE_LIMIT_S = 10.0
 
 
+class StoredResult(NamedTuple):
+    """One run's result as the store takes it (`StoreWriter.write_samples`, in this field order)."""
+
+    model_id: str
+    condition: str
+    sample_id: str
+    variables: dict[str, Variable]
+    condition_attrs: dict[str, Any] | None = None
+    input_hash: str = ""
+
+
+class _Queued(NamedTuple):
+    """A `put_group`'s results waiting for the writer thread, with their captures' bytes."""
+
+    size: int
+    results: list[StoredResult]
+
+
+class ResultSink(Protocol):
+    """What the runner's loop hands each forward's results to (`BackgroundWriter`, `SyncWriter`)."""
+
+    def put_group(self, results: list[StoredResult]) -> None:
+        """Take results to be committed together."""
+
+
 def captured_bytes(variables: dict[str, Variable]) -> int:
     return sum(getattr(v.data, "nbytes", 0) for v in variables.values())
 
@@ -63,9 +88,9 @@ class _Writer:
 
     def put(self, model_id: str, condition: str, sample_id: str, variables: dict[str, Variable],
             condition_attrs: dict[str, Any] | None = None, input_hash: str = "") -> None:
-        self.put_group([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+        self.put_group([StoredResult(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
 
-    def put_group(self, results: list[tuple]) -> None:
+    def put_group(self, results: list[StoredResult]) -> None:
         raise NotImplementedError
 
 
@@ -88,7 +113,7 @@ class BackgroundWriter(_Writer):
         self.peak_bytes = 0
         self._room = threading.Condition()
         self._queue: queue.Queue = queue.Queue()
-        self._carried: tuple | None = None  # taken from the queue, left for the next commit (no room in the last)
+        self._carried: _Queued | None = None  # taken from the queue, left for the next commit (no room in the last)
         self._error: BaseException | None = None
         self._last_commit = time.monotonic()
         self._last_commit_s = 0.0  # how long the last commit took (wall)
@@ -96,9 +121,9 @@ class BackgroundWriter(_Writer):
         self._thread.start()
 
     # -- the caller's side ---------------------------------------------------------------------
-    def put_group(self, results: list[tuple]) -> None:
+    def put_group(self, results: list[StoredResult]) -> None:
         """Queue results to be committed together (`StoreWriter.write_samples`)."""
-        size = sum(captured_bytes(r[3]) for r in results)
+        size = sum(captured_bytes(r.variables) for r in results)
         with self._room:
             while self.queued_bytes and self.queued_bytes + size > self.max_bytes and self._error is None:
                 self._cut.set()  # no room: the thread commits what it holds now
@@ -107,7 +132,7 @@ class BackgroundWriter(_Writer):
             self.queued_bytes += size
             self._waiting_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.queued_bytes)
-            self._queue.put((size, results))  # before the cut, so the thread finds it queued
+            self._queue.put(_Queued(size, results))  # before the cut, so the thread finds it queued
             # a commit's worth is waiting, or one more result like this one would not fit in it:
             # commit it now (large results are then committed as they come, holding no second one
             # in memory; what is being written does not count, or every commit would be cut at
@@ -154,7 +179,7 @@ class BackgroundWriter(_Writer):
             gathered, size, stop = self._gather(item)
             # a commit of several results joins each condition's rows into one block per array, a
             # copy of at most their size: it counts against the queue's cap while it is written
-            copy = size if len(gathered) > 1 or len(gathered[0][1]) > 1 else 0
+            copy = size if len(gathered) > 1 or len(gathered[0].results) > 1 else 0
             with self._room:
                 self._waiting_bytes -= size
                 self.queued_bytes += copy
@@ -164,7 +189,7 @@ class BackgroundWriter(_Writer):
                     self._cut.set()
             try:
                 if self._error is None:
-                    self._write([r for _, results in gathered for r in results], [r for _, r in gathered])
+                    self._write([r for item in gathered for r in item.results], [item.results for item in gathered])
             except BaseException as err:  # reported to the caller; later items are dropped
                 self._error = err
                 stop = True
@@ -181,13 +206,13 @@ class BackgroundWriter(_Writer):
         stretched = min(PACE_LIMIT_S, self._last_commit_s * (1 / COMMIT_SHARE - 1))
         return max(self.commit_interval, stretched)
 
-    def _gather(self, first: tuple) -> tuple[list, int, bool]:
+    def _gather(self, first: _Queued) -> tuple[list[_Queued], int, bool]:
         """`first` and what is queued behind it, up to GATHER_BYTES of captures (or half the
         queue's bytes); where two commits' worth or more already wait (the writer is behind),
         everything waiting, up to BACKLOG_SHARE of the queue's cap. A result that would take the
         commit over its limit waits for the next one. Returns them, their bytes and whether a
         stop came. With commit_interval 0, `first` alone: a commit per put_group."""
-        gathered, size = [first], first[0]
+        gathered, size = [first], first.size
         with self._room:
             waiting = self._waiting_bytes
         limit = self._gather_bytes if waiting < 2 * self._gather_bytes else min(waiting, self._backlog_bytes)
@@ -198,14 +223,14 @@ class BackgroundWriter(_Writer):
                 break
             if item is _STOP:
                 return gathered, size, True
-            if size + item[0] > limit:
+            if size + item.size > limit:
                 self._carried = item
                 break
             gathered.append(item)
-            size += item[0]
+            size += item.size
         return gathered, size, False
 
-    def _write(self, results: list[tuple], groups: list[list[tuple]]) -> None:
+    def _write(self, results: list[StoredResult], groups: list[list[StoredResult]]) -> None:
         """One commit of everything gathered; if the store refuses it (a result it cannot take),
         each put_group again on its own, so every result before the bad one is committed."""
         from .store import StoreError, StoreIOError
@@ -227,9 +252,9 @@ class BackgroundWriter(_Writer):
             self._last_commit = time.monotonic()
             self._last_commit_s = self._last_commit - started
 
-    def _written(self, results: list[tuple]) -> None:
+    def _written(self, results: list[StoredResult]) -> None:
         for result in results:
-            self.on_written(*result[:3])
+            self.on_written(result.model_id, result.condition, result.sample_id)
 
     def _drain(self) -> None:
         """After an error: stop the thread without writing what is still queued."""
@@ -245,10 +270,10 @@ class SyncWriter(_Writer):
         self.store = store
         self.on_written = on_written or (lambda model, condition, sample: None)
 
-    def put_group(self, results: list[tuple]) -> None:
+    def put_group(self, results: list[StoredResult]) -> None:
         self.store.write_samples(results)
         for result in results:
-            self.on_written(*result[:3])
+            self.on_written(result.model_id, result.condition, result.sample_id)
 
     def __enter__(self) -> SyncWriter:
         return self

@@ -1,0 +1,75 @@
+"""The local executor: the runs' traces on this machine (`workbench.backends.local`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from .protocol import Outcome, SampleWork
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
+
+    from ..models.protocol import ClientModel
+    from ..plan import ModelPlan
+    from ..worklist import SampleStream
+
+
+class LocalExecutor:
+    """Models loaded here (`WorkbenchModel`), consecutive samples' runs packed into forwards of
+    up to `backend.batch_size` rows. `models`: already loaded ones, by model id (benchmarks)."""
+
+    shares_windows = True
+
+    def __init__(self, device: str = "auto", dtype: str = "auto", device_map: str | None = None,
+                 log: Callable[[str], None] = print, models: dict[str, ClientModel] | None = None):
+        from ..models.model import pick_device
+
+        pick_device(device)  # a missing GPU is refused before anything is loaded or written
+        self.device, self.dtype, self.device_map, self.log = device, dtype, device_map, log
+        self.models = dict(models or {})
+
+    def prepare(self, plans: list[ModelPlan], samples: SampleStream, store_exists: bool) -> None:
+        return None
+
+    def load(self, plan: ModelPlan) -> ClientModel:
+        from ..models.model import WorkbenchModel
+
+        # attention probabilities are computed from q and k (capture.attention_probabilities),
+        # under the implementation NDIF also runs: no eager switch, locally or remotely
+        return self.models.get(plan.info.model_id) or WorkbenchModel(
+            plan.info, device=self.device, dtype=self.dtype, attn="sdpa", device_map=self.device_map)
+
+    def notes(self, model: ClientModel, plan: ModelPlan) -> list[str]:
+        from ..backends.local import unbatched_notes
+
+        return unbatched_notes(model, plan) if plan.batch_size > 1 else []
+
+    def execute(self, model: ClientModel, work: list[SampleWork], plan: ModelPlan,
+                bar: tqdm) -> Iterator[list[Outcome]]:
+        """Consecutive samples' runs as forwards of up to `plan.batch_size` rows
+        (`backends.local.group_rows`: rows of one sample or of several, padded where their prompts
+        differ), each forward's outcomes yielded as one group before the next forward runs."""
+        from ..backends.local import group_rows, pad_requirements, padding_limit, run_rows
+        from ..store import fault_point
+
+        jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
+        groups = group_rows([(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
+                            model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
+                            model.arch.deepstack)
+        for group in groups:
+            rows = [jobs[i] for i in group]
+            ids = list(dict.fromkeys(sample.id for sample, _, _ in rows))
+            names = list(dict.fromkeys(condition.name for _, _, condition in rows))
+            # shown at the bar's next update: a forced redraw per forward cost ~20 us (a tiny forward's 0.3 %)
+            bar.set_description(f"{plan.info.model_id} | {ids[0] if len(ids) == 1 else f'{len(ids)} samples'} | "
+                                f"{names[0] if len(names) == 1 else f'{len(names)} conditions'}", refresh=False)
+            results = run_rows(model, [(inputs, condition) for _, inputs, condition in rows], plan,
+                               on_trace=fault_point)
+            yield [Outcome(sample, inputs, condition, result)
+                   for (sample, inputs, condition), result in zip(rows, results)]
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+    def write_note(self) -> str | None:
+        return None
