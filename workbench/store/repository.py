@@ -70,11 +70,12 @@ def _open_repo(path: Path) -> Any:
                          hint=f"run `workbench verify {path}` to see what is damaged") from None
 
 
-def _root_of(repo: Any, session: Any) -> zarr.Group:
-    """The root group of a snapshot; an empty one for a repository created but never committed to
-    (a run killed before its first result). A later snapshot without a root is damage."""
+def _root_of(repo: Any, session: Any, store: Any = None) -> zarr.Group:
+    """The root group of a snapshot (through `store`, one of the session's stores, if given); an
+    empty one for a repository created but never committed to (a run killed before its first
+    result). A later snapshot without a root is damage."""
     try:
-        return zarr.open_group(session.store, mode="r", zarr_format=3)
+        return zarr.open_group(session.store if store is None else store, mode="r", zarr_format=3)
     except zarr.errors.GroupNotFoundError:
         try:
             first = len(list(repo.ancestry(snapshot_id=session.snapshot_id))) == 1
