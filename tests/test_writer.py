@@ -83,10 +83,11 @@ def store_commits(path):
     return [h for h in store_history(path) if h["message"] != "Repository initialized"]
 
 
-def test_results_within_the_commit_interval_are_one_commit_equal_to_per_result_commits(tmp_path):
+def test_results_within_the_commit_interval_are_one_commit_equal_to_per_result_commits(tmp_path, monkeypatch):
     """Gathered commits: the whole drill arrives within the interval, so it is ONE commit holding
     four results (two conditions x two samples, each condition appended as one block), and the
     store equals the synchronous one, a commit per result."""
+    monkeypatch.setenv("WORKBENCH_COMPACT_GRACE_S", "3600")  # the run's end keeps its per-commit history
     reference = tmp_path / "sync.zarr"
     assert store_drill.run(str(reference)) == 0
     written = []

@@ -16,7 +16,8 @@ snapshot: that snapshot and every later one stay in the history, with every chun
 Between a reader's look at the branch and its announcement the writer must not compact: a gate
 file, held shared by a reader while it opens its session and exclusively by the compaction.
 A reader that does not announce itself (another tool opening the repository) is kept safe only
-by COMPACT_GRACE, which is 0 unless set.
+by the grace `WORKBENCH_COMPACT_GRACE_S` gives (seconds; 0 unless set), which also keeps a run's
+per-commit history that long (`workbench info --history`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ from typing import Any, Callable, Iterator, TextIO
 
 from .. import verified
 
-# extra age a snapshot must have before compaction drops it, for readers that do not announce themselves
-COMPACT_GRACE = dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 0)))
+
+
+def compact_grace() -> dt.timedelta:
+    """The age a snapshot must have before compaction drops it (read at each compaction)."""
+    return dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 0)))
 
 
 def readers_dir(store: Path) -> Path:
@@ -126,9 +130,9 @@ def _announced(store: Path) -> set[str]:
 
 def compact(repo: Any, store: Path) -> dict[str, int]:
     """Expire the snapshots older than the oldest one a live reader announces (or than now), less
-    COMPACT_GRACE, and delete what only they referenced. Returns what was deleted, counted."""
+    `compact_grace()`, and delete what only they referenced. Returns what was deleted, counted."""
     with _gate(store, fcntl.LOCK_EX):
-        cutoff = dt.datetime.now(dt.timezone.utc) - COMPACT_GRACE
+        cutoff = dt.datetime.now(dt.timezone.utc) - compact_grace()
         for snapshot_id in _announced(store):
             with contextlib.suppress(Exception):  # a snapshot already gone pins nothing
                 cutoff = min(cutoff, repo.lookup_snapshot(snapshot_id).written_at)

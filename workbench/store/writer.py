@@ -23,7 +23,7 @@ from .objects import ObjectStore, _short, location
 from .paths import (
     _ABANDONED_WRITES, StoreIOError, _FaultStore, _NoLock, _WriterLock, check_store_path, fault_point, io_failure,
 )
-from .readers import COMPACT_GRACE, compact  # noqa: F401 (COMPACT_GRACE: re-exported)
+from .readers import compact
 from .repair import repair as _repair_metadata
 from .repository import (
     BRANCH, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
