@@ -77,10 +77,11 @@ def test_an_interrupt_commits_what_was_captured(tmp_path):
 
 
 def store_commits(path):
-    """Commits that hold results (not the repository's first, empty one)."""
-    from workbench.store import store_history
+    """Commits that hold results (not the repository's first, empty one, nor the run end's copy)."""
+    from workbench.store import RUN_END, store_history
 
-    return [h for h in store_history(path) if h["message"] != "Repository initialized"]
+    return [h for h in store_history(path)
+            if h["message"] != "Repository initialized" and not h["message"].endswith(RUN_END.format(""))]
 
 
 def test_results_within_the_commit_interval_are_one_commit_equal_to_per_result_commits(tmp_path, monkeypatch):
@@ -356,7 +357,7 @@ def test_appends_across_chunk_boundaries_read_back_exactly_without_reading_chunk
     if cache == "off":
         monkeypatch.setattr(store_module.writer, "_TAIL_CACHE_BYTES", 0)
     elif cache == "labels only":  # a hidden chunk row is 64 x 64 bytes, a label one at most 48 x 8
-        monkeypatch.setattr(store_module.writer, "_TAIL_ARRAY_BYTES", 400)
+        monkeypatch.setattr(store_module.appending, "_TAIL_ARRAY_BYTES", 400)
     reads: list[str] = []
     get = zarr.storage.StorePath.get
 

@@ -59,7 +59,7 @@ def _chunks(shape: tuple[int, ...], itemsize: int, leading: str) -> tuple[int, .
 
 
 def _storage_dtype(data: np.ndarray) -> Any:
-    if data.dtype.kind in "USO":
+    if data.dtype.kind in "USOT":  # T: numpy's StringDType, as zarr reads strings back
         return str
     if data.dtype.kind == "f":
         return np.float32

@@ -236,13 +236,17 @@ def _open(path: Path | ObjectStore, model: str | None, snapshot: str | None, ind
 
 
 def store_history(path: str | Path) -> list[dict[str, Any]]:
-    """Every snapshot of the store's branch, newest first: id, time, message, tags."""
+    """Every snapshot of the store's branch, and every tagged one (a run's end drops the others from
+    the branch's history), newest first: id, time, message, tags."""
     repo, _ = _read_session(location(path))
     tags: dict[str, list[str]] = {}
     for tag in repo.list_tags():
         tags.setdefault(repo.lookup_tag(tag), []).append(tag)
+    snapshots = {s.id: s for s in repo.ancestry(branch=BRANCH)}
+    for snapshot_id in set(tags) - set(snapshots):
+        snapshots[snapshot_id] = repo.lookup_snapshot(snapshot_id)
     return [{"snapshot": s.id, "time": s.written_at.isoformat(timespec="seconds"), "message": s.message,
-             "tags": sorted(tags.get(s.id, []))} for s in repo.ancestry(branch=BRANCH)]
+             "tags": sorted(tags.get(s.id, []))} for s in sorted(snapshots.values(), key=lambda s: s.written_at, reverse=True)]
 
 
 def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:

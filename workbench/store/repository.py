@@ -19,6 +19,8 @@ from .objects import ObjectStore, _short, location
 STORE_FORMAT = 3
 BRANCH = "main"
 RUN_TAG = "run-{}"
+# the message of the snapshot a local store's run ends with: its last snapshot's copy (`finish_run`)
+RUN_END = "{} ended: the branch on a copy of its last snapshot"
 
 
 def model_key(model_id: str) -> str:

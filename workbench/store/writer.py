@@ -26,7 +26,7 @@ from .paths import (
 from .readers import compact
 from .repair import repair as _repair_metadata
 from .repository import (
-    BRANCH, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
+    BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
 )
 from .staging import (
     MODEL_IDENTITY, StoreIdentityError, _commit_message, _concat_rows, _ConditionState, _jsonable, _Layout,
@@ -413,7 +413,8 @@ class StoreWriter:
     # -- the end of a run, and repair -----------------------------------------------------------
     def finish_run(self) -> str | None:
         """Tag the current snapshot `run-<n>` (n counts the store's runs), a past state users can
-        read back with `open_store(path, snapshot="run-<n>")`; then compact (`readers.compact`):
+        read back with `open_store(path, snapshot="run-<n>")`; then move the branch to a copy of
+        that snapshot (RUN_END, a fallback for `repair`) and compact (`readers.compact`):
         the per-sample snapshots before it are expired and the chunks only they referenced deleted
         (every append rewrites the partial last chunk of each array, so old versions pile up),
         except what a live reader's announced snapshot needs.
@@ -436,6 +437,10 @@ class StoreWriter:
             if tag in self.repo.list_tags():
                 self.repo.delete_tag(tag)
             self.repo.create_tag(tag, self.repo.lookup_branch(BRANCH))
+            # the branch moves to a copy of the tagged snapshot (same chunks, its own snapshot and
+            # manifest files): a damaged branch snapshot is then repaired back to the tag's, the
+            # newest intact one, which compaction no longer leaves anything older than
+            self._tip = self.repo.rewrite_manifests(RUN_END.format(tag), branch=BRANCH)
             try:
                 self.compacted = compact(self.repo, self._real)
             except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
