@@ -41,9 +41,13 @@ clean-stores:
 # `bench`: tiny + real-size random-weight models (~12 min, ~12 GB RAM); writes
 # benchmarks/results/latest.json and the table into benchmarks/README.md.
 # `bench-quick`: tiny models only (~4 min); writes benchmarks/results/quick.json.
-.PHONY: bench bench-quick
+# `bench-disk`: on-disk bytes of a store after a run ends against its arrays' bytes (~3 min).
+.PHONY: bench bench-quick bench-disk
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick --out benchmarks/results/quick.json --no-readme
+
+bench-disk: $(STAMP)
+	$(BIN)/python -m benchmarks.disk_bench --out benchmarks/results/disk.json

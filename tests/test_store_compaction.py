@@ -91,6 +91,7 @@ def test_a_reader_open_during_the_runs_end_reads_its_snapshot_whole(tmp_path):
     assert np.array_equal(np.load(out), np.concatenate([result(i)["hidden"].data for i in range(10)]))
     assert not list(readers_dir(store).glob("*-*"))  # withdrawn at the reader's exit
     with StoreWriter(store) as writer:
+        writer.add_provenance({"spec_name": "second"})  # its tag: run-1
         write(writer, range(30, 31))
         writer.finish_run()
     assert disk_bytes(store) < kept  # the reader's snapshot is no longer kept
