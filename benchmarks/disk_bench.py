@@ -13,8 +13,8 @@ Arms, each one store written from nothing and finished as a run ends:
   sample (`commit_interval_s: 0`, the most superseded versions), in a subprocess;
 - `tiny shapes` / real-size shapes: `StoreWriter.write_samples` of synthetic captures with the
   shapes of the tiny models and of SmolVLM2-2.2B / Qwen3-VL-2B (`benchmarks/realsize.py`: 2048
-  wide, every layer, the token counts of section 1), bf16-valued float32 (what a bf16 model's
-  captures hold), one sample per commit.
+  wide, every layer, the token counts of section 1), full-precision normal float32 (an fp32
+  model's captures: what compresses least), one sample per commit.
 
     python -m benchmarks.disk_bench --out benchmarks/results/disk.json [--quick]
 """
@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .store_write import bf16_valued
 
 TARGET = 1.25  # disk bytes / stored arrays' bytes, at most
 # (name, tokens per sample, layers, width, samples)
@@ -62,11 +60,10 @@ def disk_bytes(store: Path) -> int:
 
 def array_bytes(store: Path) -> int:
     """Bytes of every array of the store's committed snapshot, at its stored dtype."""
-    import icechunk
-    import zarr
+    from workbench.store import BRANCH, _open_repo, _root_of
 
-    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(store)))
-    root = zarr.open_group(repo.readonly_session(branch="main").store, mode="r")
+    repo = _open_repo(store)
+    root = _root_of(repo, repo.readonly_session(branch=BRANCH))
     total = 0
     for _, array in _all_arrays(root):
         if array.dtype.kind in "OUT":
@@ -104,7 +101,7 @@ def shapes_arm(store: Path, tokens: int, layers: int, width: int, samples: int) 
     with StoreWriter(store) as writer:
         writer.ensure_model("m", {"family": "bench"})
         for i in range(samples):
-            hidden = bf16_valued((tokens, layers, width), seed=i)
+            hidden = np.random.default_rng(i).standard_normal((tokens, layers, width), dtype=np.float32)
             variables = {**_labels(tokens, i),
                          "hidden": Variable(("token", "layer", "dim"), hidden, {"layer": np.arange(layers)})}
             writer.write_samples([("m", "baseline", f"s{i}", variables, None, "")])
