@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean-stores:
-	rm -rf stores/*.zarr stores/*.lock
+	rm -rf stores/*.zarr stores/*.lock stores/*.readers
 
 # Benchmarks (benchmarks/README.md): ratios against baselines timed in the same run.
 # `bench`: tiny + real-size random-weight models (~12 min, ~12 GB RAM); writes
