@@ -35,15 +35,19 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean-stores:
-	rm -rf stores/*.zarr stores/*.lock
+	rm -rf stores/*.zarr stores/*.lock stores/*.readers
 
 # Benchmarks (benchmarks/README.md): ratios against baselines timed in the same run.
 # `bench`: tiny + real-size random-weight models (~12 min, ~12 GB RAM); writes
 # benchmarks/results/latest.json and the table into benchmarks/README.md.
 # `bench-quick`: tiny models only (~4 min); writes benchmarks/results/quick.json.
-.PHONY: bench bench-quick
+# `bench-disk`: on-disk bytes of a store after a run ends against its arrays' bytes (~3 min).
+.PHONY: bench bench-quick bench-disk
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick --out benchmarks/results/quick.json --no-readme
+
+bench-disk: $(STAMP)
+	$(BIN)/python -m benchmarks.disk_bench --out benchmarks/results/disk.json

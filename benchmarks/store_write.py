@@ -60,9 +60,6 @@ def measure(tokens: int = 600, layers: int = 29, dim: int = 2048, repeats: int =
     (`zarr_api_lz4_astype`), and uncompressed (`zarr_api_uncompressed`)."""
     import zarr
 
-    import datetime as dt
-
-    from workbench.store import writer as store_module  # the module that reads COMPACT_GRACE
     from workbench.store import StoreWriter, _chunks
 
     arrays = [bf16_valued((tokens, layers, dim), seed) for seed in range(2)]
@@ -100,12 +97,7 @@ def measure(tokens: int = 600, layers: int = 29, dim: int = 2048, repeats: int =
                 arms["zarr_api_lz4_astype"] = zarr_api("lz4copy", zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), copy=True)
                 arms["zarr_api_uncompressed"] = zarr_api("none", None)
             times = interleave_many(arms, repeats, warmup, between=os.sync)
-            # compact now (no grace): the chunks left on disk are the live ones
-            grace, store_module.COMPACT_GRACE = store_module.COMPACT_GRACE, dt.timedelta(0)
-            try:
-                store.finish_run()
-            finally:
-                store_module.COMPACT_GRACE = grace
+            store.finish_run()  # compacts: the chunks left on disk are the live ones
         stored = _disk_bytes(tmp / "store.zarr" / "chunks")
         raw_bytes = _disk_bytes(raw_dir)
     med = {name: {k: median(v) for k, v in t.items()} for name, t in times.items()}

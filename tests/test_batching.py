@@ -153,12 +153,13 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
     assert not np.allclose(results["blank"].tokens["hidden"][vision, 0], base)
 
 
-def test_a_batched_forward_is_one_commit_and_a_rerun_resumes_it(tmp_path):
+def test_a_batched_forward_is_one_commit_and_a_rerun_resumes_it(tmp_path, monkeypatch):
     """One forward's results are committed together (all or none): the sweep's 4 rows of both
     samples (one forward of 8 rows) are one snapshot, both none-image runs (one padded forward)
     another; a rerun stores nothing twice."""
     from workbench.store import store_history
 
+    monkeypatch.setenv("WORKBENCH_COMPACT_GRACE_S", "3600")  # the run's end keeps its per-commit history
     store = tmp_path / "s.zarr"
     text = f"""\
 name: one-commit

@@ -322,16 +322,15 @@ def test_compaction_keeps_the_check_record_usable(tmp_path, workbench_cache, mon
     """A run's compaction deletes chunk files the record of its start check lists (superseded
     versions from the run before): they leave the record, so the next start still reads only what
     is new instead of taking the missing files for damage."""
-    import datetime as dt
-
     from workbench import verified
 
     store = tmp_path / "run.zarr"
     spec = write_llama_spec(tmp_path, store)
     spec.write_text(spec.read_text().replace("n: 2", "n: 3") + "backend: {commit_interval_s: 0}\n")
+    monkeypatch.setenv("WORKBENCH_COMPACT_GRACE_S", "3600")  # the first run's superseded chunk versions kept
     assert main(["run", str(spec), "--no-progress", "--no-table", "--limit", "2"]) == 0
-    after_first = verified.file_stats(store)  # with superseded chunk versions, kept for 10 minutes
-    monkeypatch.setattr(workbench.store.writer, "COMPACT_GRACE", dt.timedelta(0))
+    after_first = verified.file_stats(store)
+    monkeypatch.delenv("WORKBENCH_COMPACT_GRACE_S")
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0  # records its check, compacts
     ledger, now = verified.load(store), verified.file_stats(store)
     assert set(after_first) - set(now), "compaction deleted nothing"

@@ -7,7 +7,7 @@ large), and a gathered commit's joined copy counts against the cap while it is w
 are committed in the order they were put. The thread gathers what arrives within
 `commit_interval` seconds of its last commit into one store commit (`StoreWriter.write_samples`;
 while it is behind, everything already waiting, up to a quarter of the cap):
-a commit's fixed cost (about 12 arrays' metadata and chunks per condition and the icechunk commit, ~20 ms)
+a commit's fixed cost (about 12 arrays' metadata and chunks per condition and the icechunk commit, ~35 ms of CPU on a 2-vCPU VM)
 is then paid once per interval instead of once per forward, which is what lets the workbench run
 near a plain loop's speed on a fast forward. The interval stretches with what commits cost
 (`pace`: commits take about COMMIT_SHARE of the time). A gathered commit is still atomic, so a crash or kill
@@ -38,7 +38,7 @@ _STOP = object()
 GATHER_BYTES = 32 << 20
 # While it falls behind (a fast forward: a GPU), a commit takes everything already waiting, up to
 # this share of the queue's cap: those results are in memory anyway, and a commit's fixed cost is
-# per condition it touches (~25 ms for ~12 arrays), so an alpha sweep's commits of one result per
+# per condition it touches (~35 ms for ~12 arrays), so an alpha sweep's commits of one result per
 # condition cost twice or more per result what commits of several do (a 4 MB result: 57 ms CPU
 # in commits of 4, 21 ms in commits of 88; benchmarks/README.md)
 BACKLOG_SHARE = 4

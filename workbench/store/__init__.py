@@ -54,8 +54,10 @@ Modules, each importing only those listed before it:
     objects     store locations on object storage (s3://), icechunk errors in one line
     repository  the icechunk repository and its snapshots
     paths       path checks, the writer lock, disk failures, fault points of the kill drills
-    layout      `Variable`, chunk shapes, dtypes, codecs and the writer's chunk encoding
+    layout      `Variable`, chunk shapes, dtypes, codecs
     staging     identity checks and a result's rows on their way into a commit
+    appending   a block of rows appended to a condition's arrays (zarr's public API)
+    readers     the compaction at a run's end, and the readers it keeps safe
     repair      damaged metadata (branch pointer, config, snapshot) back to an intact snapshot
     verify      every chunk read back and checked
     writer      `StoreWriter`
@@ -71,14 +73,14 @@ from .reading import (
     store_info,
 )
 from .repair import Diagnosis, IntactSnapshot, diagnose, repair_store
-from .repository import BRANCH, RUN_TAG, STORE_FORMAT, _open_repo, _root_of, is_store, model_key
+from .repository import BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _open_repo, _root_of, is_store, model_key
 from .staging import MODEL_IDENTITY, ROW_NAMES, StoreIdentityError, identity_diff
 from .verify import Damage, verify_store
-from .writer import COMMIT_TRIES, COMPACT_GRACE, CREATE_WAIT_S, BranchMovedError, StoreWriter
+from .writer import COMMIT_TRIES, CREATE_WAIT_S, BranchMovedError, StoreWriter
 
 __all__ = [
-    "ANALYSIS_KIND", "BRANCH", "COMMIT_TRIES", "COMPACT_GRACE", "CREATE_WAIT_S", "MODALITIES", "MODEL_IDENTITY",
-    "PATCH_DIM", "PATCH_PREFIX", "ROW_NAMES", "RUN_PREFIX", "RUN_TAG", "STORE_FORMAT", "BranchMovedError", "Damage",
+    "ANALYSIS_KIND", "BRANCH", "COMMIT_TRIES", "CREATE_WAIT_S", "MODALITIES", "MODEL_IDENTITY",
+    "PATCH_DIM", "PATCH_PREFIX", "ROW_NAMES", "RUN_END", "RUN_PREFIX", "RUN_TAG", "STORE_FORMAT", "BranchMovedError", "Damage",
     "Diagnosis", "IntactSnapshot", "ObjectStore", "StoreBusyError", "StoreError", "StoreIOError",
     "StoreIdentityError", "StorePathError", "StoreWriter", "Variable", "check_store_path", "diagnose", "fault_point",
     "identity_diff", "io_failure", "is_store", "list_models", "location", "lock_path", "model_key", "open_store",

@@ -155,9 +155,9 @@ class _FaultStore(zarr.storage.WrapperStore):
     """For kill drills only: a fault point after every write the store makes."""
 
     async def set(self, key: str, value: Any) -> None:
-        await self._store.set(key, value)
+        await super().set(key, value)
         fault_point("store.write")
 
     async def delete(self, key: str) -> None:
-        await self._store.delete(key)
+        await super().delete(key)
         fault_point("store.write")

@@ -16,6 +16,7 @@ from ..errors import StoreError, StorePathError
 from ..names import PATCH_LABELS, RUN_LABELS, RUN_TEXT, RUN_TEXT_LABELS, TEXT_LABELS, TOKEN_LABELS
 from .layout import MODALITIES, PATCH_DIM
 from .objects import ObjectStore, _short, location
+from .readers import announced_reader
 from .repository import BRANCH, STORE_FORMAT, _open_repo, _root_of, is_store, model_key
 from .staging import ROW_NAMES, _rows_along
 
@@ -58,6 +59,20 @@ def _read_session(path: Path | ObjectStore, snapshot: str | None = None) -> tupl
         tags = ", ".join(sorted(repo.list_tags())) or "none"
         raise StoreError(f"cannot read snapshot {snapshot or BRANCH!r} of {path}: {_short(err)}",
                          hint=f"tags: {tags}; `workbench info {path} --history` lists snapshots") from None
+
+
+def _announced_session(path: Path | ObjectStore, snapshot: str | None = None) -> tuple[Any, Any, Any]:
+    """`_read_session` and the one zarr store every read goes through, its snapshot announced to
+    a local store's writer for as long as that store object lives (`readers`): a run's compaction
+    keeps what it reads."""
+    if isinstance(path, ObjectStore) or not is_store(path):  # an object store is not compacted by its writers
+        repo, session = _read_session(path, snapshot)
+        return repo, session, session.store
+    with announced_reader(path) as hold:
+        repo, session = _read_session(path, snapshot)
+        store = session.store
+        hold(session.snapshot_id, store)
+    return repo, session, store
 
 
 def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any]) -> tuple[xr.Dataset, ...]:
@@ -206,28 +221,32 @@ def open_store(path: str | Path, model: str | None = None, *, snapshot: str | No
 
 
 def _open(path: Path | ObjectStore, model: str | None, snapshot: str | None, index: bool = True) -> xr.DataTree | xr.Dataset:
-    repo, session = _read_session(path, snapshot)
-    root = _root_of(repo, session)
+    repo, session, store = _announced_session(path, snapshot)
+    root = _root_of(repo, session, store)
     if model is not None:
         key = model_key(model)
         if key not in root:
             held = ", ".join(g.attrs.get("model_id", k) for k, g in _model_groups(root)) or "no model yet"
             raise StoreError(f"model {model!r} is not in store {path}; it holds: {held}")
-        return _open_model(session.store, root, key, index)
-    children = {key: xr.DataTree(_open_model(session.store, root, key, index)) for key, _ in _model_groups(root)}
+        return _open_model(store, root, key, index)
+    children = {key: xr.DataTree(_open_model(store, root, key, index)) for key, _ in _model_groups(root)}
     tree = xr.DataTree(children=children)
     tree.attrs = {k: (json.dumps(v) if k == "provenance" else v) for k, v in root.attrs.items()}
     return tree
 
 
 def store_history(path: str | Path) -> list[dict[str, Any]]:
-    """Every snapshot of the store's branch, newest first: id, time, message, tags."""
+    """Every snapshot of the store's branch, and every tagged one (a run's end drops the others from
+    the branch's history), newest first: id, time, message, tags."""
     repo, _ = _read_session(location(path))
     tags: dict[str, list[str]] = {}
     for tag in repo.list_tags():
         tags.setdefault(repo.lookup_tag(tag), []).append(tag)
+    snapshots = {s.id: s for s in repo.ancestry(branch=BRANCH)}
+    for snapshot_id in set(tags) - set(snapshots):
+        snapshots[snapshot_id] = repo.lookup_snapshot(snapshot_id)
     return [{"snapshot": s.id, "time": s.written_at.isoformat(timespec="seconds"), "message": s.message,
-             "tags": sorted(tags.get(s.id, []))} for s in repo.ancestry(branch=BRANCH)]
+             "tags": sorted(tags.get(s.id, []))} for s in sorted(snapshots.values(), key=lambda s: s.written_at, reverse=True)]
 
 
 def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
@@ -238,8 +257,8 @@ def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
 
 
 def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
-    repo, session = _read_session(path, snapshot)
-    root = _root_of(repo, session)
+    repo, session, store = _announced_session(path, snapshot)
+    root = _root_of(repo, session, store)
     info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", [])),
                             "snapshot": session.snapshot_id, "bytes": _disk_bytes(path)}
     for key, model in _model_groups(root):

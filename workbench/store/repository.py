@@ -19,6 +19,8 @@ from .objects import ObjectStore, _short, location
 STORE_FORMAT = 3
 BRANCH = "main"
 RUN_TAG = "run-{}"
+# the message of the snapshot a local store's run ends with: its last snapshot's copy (`finish_run`)
+RUN_END = "{} ended: the branch on a copy of its last snapshot"
 
 
 def model_key(model_id: str) -> str:
@@ -70,11 +72,12 @@ def _open_repo(path: Path) -> Any:
                          hint=f"run `workbench verify {path}` to see what is damaged") from None
 
 
-def _root_of(repo: Any, session: Any) -> zarr.Group:
-    """The root group of a snapshot; an empty one for a repository created but never committed to
-    (a run killed before its first result). A later snapshot without a root is damage."""
+def _root_of(repo: Any, session: Any, store: Any = None) -> zarr.Group:
+    """The root group of a snapshot (through `store`, one of the session's stores, if given); an
+    empty one for a repository created but never committed to (a run killed before its first
+    result). A later snapshot without a root is damage."""
     try:
-        return zarr.open_group(session.store, mode="r", zarr_format=3)
+        return zarr.open_group(session.store if store is None else store, mode="r", zarr_format=3)
     except zarr.errors.GroupNotFoundError:
         try:
             first = len(list(repo.ancestry(snapshot_id=session.snapshot_id))) == 1

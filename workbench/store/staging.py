@@ -49,8 +49,6 @@ class _ConditionState:
     shapes: dict[str, tuple[int, ...]]
     coords: dict[str, np.ndarray]
     patches: int = 0
-    # each array's zarr metadata as last committed by this writer (filled as it appends)
-    metadata: dict[str, Any] = field(default_factory=dict)
     # each array's committed rows after its last chunk boundary (filled as it appends)
     tails: dict[str, np.ndarray] = field(default_factory=dict)
 

@@ -14,6 +14,7 @@ import zarr
 
 from ..errors import StorePathError
 from .objects import ObjectStore, _short, location
+from .readers import announced_reader
 from .repair import diagnose
 from .repository import BRANCH, _condition_groups, _open_repo, _root_of, _snapshot_problem, is_store
 
@@ -101,7 +102,15 @@ def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
     problem = _snapshot_problem(repo)
     if problem is not None:
         return [Damage("", "", "snapshot", None, [], problem)]
-    root = _root_of(repo, repo.readonly_session(branch=BRANCH))
+    if isinstance(path, ObjectStore):
+        session = repo.readonly_session(branch=BRANCH)
+        store = session.store
+    else:  # announced: a writer's run ending meanwhile keeps the chunks read here (`readers`)
+        with announced_reader(path) as hold:
+            session = repo.readonly_session(branch=BRANCH)
+            store = session.store
+            hold(session.snapshot_id, store)
+    root = _root_of(repo, session, store)
     damage: list[Damage] = []
     groups = _condition_groups(root)
     from tqdm.auto import tqdm

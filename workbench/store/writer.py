@@ -5,7 +5,6 @@ compaction, and the repair a run starts with."""
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import logging
 import os
 import shutil
@@ -18,16 +17,16 @@ import zarr
 from .. import verified
 from ..errors import StoreError, StorePathError
 from ..names import reserved_name_problem
-from .layout import (
-    _CHUNK_BYTES, _ZARR_WRITE_CONFIG, Variable, _encoded_appends, _new_array_metadata,
-)
+from .appending import append_block
+from .layout import _ZARR_WRITE_CONFIG, Variable
 from .objects import ObjectStore, _short, location
 from .paths import (
     _ABANDONED_WRITES, StoreIOError, _FaultStore, _NoLock, _WriterLock, check_store_path, fault_point, io_failure,
 )
+from .readers import compact
 from .repair import repair as _repair_metadata
 from .repository import (
-    BRANCH, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
+    BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
 )
 from .staging import (
     MODEL_IDENTITY, StoreIdentityError, _commit_message, _concat_rows, _ConditionState, _jsonable, _Layout,
@@ -36,14 +35,8 @@ from .staging import (
 from .verify import Damage, _array_extents, _blocks_since, _verify_repo
 
 
-# a reader holding a snapshot younger than this keeps working through a writer's compaction
-COMPACT_GRACE = _dt.timedelta(seconds=float(os.environ.get("WORKBENCH_COMPACT_GRACE_S", 600)))
-# The writer keeps each array's partial last chunk row in memory, so that an append does not read
-# it back and decode it: the label arrays', and captures' where a chunk row is small (a tiny
-# model's: 8 MiB; a 2B model's spans every layer, ~50 MB, and caching it raised the peak RSS of
-# `wide` in benchmarks section 4 by 70-270 MB at 16 samples: the tails and the block written
-# with its tail). Arrays whose chunk row is at most _TAIL_ARRAY_BYTES; _TAIL_CACHE_BYTES in all.
-_TAIL_ARRAY_BYTES = 4 * _CHUNK_BYTES
+# The writer keeps arrays' partial last chunk rows in memory (`appending`), so that an append
+# does not read them back and decode them: _TAIL_CACHE_BYTES in all
 _TAIL_CACHE_BYTES = 64 << 20
 
 
@@ -94,6 +87,7 @@ class StoreWriter:
         self._provenance_written: list[dict[str, Any]] = []
         self.commits = 0
         self.compaction_skipped: str | None = None
+        self.compacted: dict[str, int] = {}  # what the run's compaction deleted
         self.checked = ""  # what the last `damage_since_check` read
         self._checked_state: verified.Ledger | None = None
 
@@ -349,7 +343,7 @@ class StoreWriter:
                 raise StoreError(f"sample {sample_id!r} appears twice for {model_id} / {condition} in one commit")
             seen.add((model_id, condition, sample_id))
         what = _commit_message(results)
-        staged: list[tuple[_ConditionState, list[_Staged], dict[str, Any]]] = []
+        staged: list[tuple[_ConditionState, list[_Staged], dict[str, np.ndarray]]] = []
         with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {what}"), self._discard_on_error(set(self._states)):
             root = self._stage()
             by_condition: dict[tuple[str, str], list[tuple]] = {}
@@ -363,24 +357,24 @@ class StoreWriter:
                 pending = [_staged_rows(group.path, state, sample_id, variables, input_hash, known)
                            for _, _, sample_id, variables, _, input_hash in items]
                 layout = _Layout.of(state)
-                # the state's own copies change only once committed
-                metadata, tails = dict(state.metadata), dict(state.tails)
+                tails = dict(state.tails)  # the state's own copy changes only once committed
+                # the group's arrays in this session: one read of their metadata, all at once
+                arrays = dict(group.arrays()) if state.shapes else {}
                 for run in _same_names(pending):
                     block = _concat_rows([p.rows for p in run])
-                    # every array's create/resize/write in one batch: one trip through zarr's event loop
-                    zarr.core.sync.sync(self._append_all(group._async_group, block, layout, metadata, tails))
+                    append_block(group, arrays, block, layout, tails)
                     layout.advance(block)
-                staged.append((state, pending, metadata, tails))
+                staged.append((state, pending, tails))
             if self._pending_provenance is not None:
                 root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
             snapshot = self._commit(what + note, len(results))
         if self._pending_provenance is not None:
             self._provenance_written += self._pending_provenance
         self._pending_provenance = None
-        for state, pending, metadata, tails in staged:
+        for state, pending, tails in staged:
             for item in pending:
                 state.commit(item.sample_id, item.n_tokens, item.shapes, item.rows, item.n_patches)
-            state.metadata, state.tails = metadata, tails
+            state.tails = tails
         self._trim_tails()
         return snapshot
 
@@ -416,84 +410,14 @@ class StoreWriter:
             self._states[key] = _ConditionState.read(group)
         return self._states[key]
 
-    async def _append_all(self, group: Any, rows: dict[str, Variable], layout: _Layout,
-                          metadata: dict[str, Any], tails: dict[str, np.ndarray]) -> None:
-        """Create or resize and write every array of `rows` at the layout's offsets. `metadata`:
-        the arrays' zarr metadata as this writer last committed them, updated here; an array
-        known there is not looked up again (a read and parse of its zarr.json, ~0.5 ms per array
-        per commit, a tenth of a small commit's cost). `tails`: each array's rows after its last
-        chunk boundary, as committed, updated here. An append that starts inside a chunk is
-        written from that chunk's start with the tail before it, so zarr encodes the chunk
-        without first reading and decoding the stored one.
-
-        Arrays with small chunk rows (labels; a tiny model's captures) are written by
-        `_encoded_appends`: their chunks encoded here through the array's own codecs and set in
-        the store with their new metadata, all arrays' at once. zarr's resize and setitem cost
-        ~0.7 and ~1.5-2.4 ms of CPU per call however few rows they write (its asyncio codec
-        pipeline, a trip to the store's threads per step), which made a commit's fixed cost
-        (~12 arrays a condition) most of what a small run's store costs. Captures whose chunk row
-        is over _TAIL_ARRAY_BYTES (a 2B model's) keep zarr's own path: their bytes are the cost
-        there, and zarr merges their partial chunks without a tail kept in memory."""
-        import asyncio
-
-        from zarr.core.array import AsyncArray
-
-        new_coords = {dim: np.asarray(values) for var in rows.values() for dim, values in var.coords.items()
-                      if dim not in layout.coords}
-        await asyncio.gather(*(self._create_coord(group, dim, values) for dim, values in new_coords.items()))
-        direct: list[tuple[Any, Any, int, np.ndarray]] = []  # (new metadata, store path, first row, rows)
-
-        async def append(name: str, var: Variable) -> None:
-            data = np.asarray(var.data)
-            offset = layout.offsets[var.dims[0]]
-            new = name not in metadata and name not in layout.shapes
-            if name in metadata:
-                array = AsyncArray(metadata=metadata[name], store_path=group.store_path / name)
-            elif not new:
-                array = await group.getitem(name)
-            else:  # a new array: its zarr.json is written with its first rows
-                array = AsyncArray(metadata=await _new_array_metadata(name, var), store_path=group.store_path / name)
-            if data.dtype.kind in "USO":
-                data = data.astype(object)
-            elif data.dtype != array.dtype:  # no copy when the capture already is float32
-                data = data.astype(array.dtype)
-            end = offset + data.shape[0]
-            new_shape = (end,) + data.shape[1:]
-            chunk = array.metadata.chunks[0]
-            start = offset - offset % chunk
-            cached = chunk * (data.nbytes // max(1, len(data))) <= _TAIL_ARRAY_BYTES
-            if not cached:  # zarr merges the rows into the stored chunk (a read and decode of it)
-                await array.resize(new_shape)
-                metadata[name] = array.metadata
-                await array.setitem(slice(offset, end), data)
-                return
-            if start < offset:  # the last chunk row is partial: write it whole
-                tail = tails.get(name)
-                if new:  # a variable new to the condition: the rows before its first are fill values
-                    tail = np.full((offset - start,) + data.shape[1:], array.metadata.fill_value, dtype=data.dtype)
-                elif tail is None or len(tail) != offset - start:  # not cached: read it back, once
-                    tail = await array.getitem(slice(start, offset))
-                data = np.concatenate([np.asarray(tail, dtype=data.dtype), data])
-            metadata[name] = array.metadata.update_shape(new_shape)
-            direct.append((metadata[name], array.store_path, start, data))
-            tails[name] = data[end - end % chunk - start:].copy()  # not a view: that would keep the block alive
-
-        await asyncio.gather(*(append(name, var) for name, var in rows.items()))
-        if direct:
-            await _encoded_appends(direct)
-
-    @staticmethod
-    async def _create_coord(group: Any, dim: str, values: np.ndarray) -> None:
-        coord = await group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim],
-                                         compressors=[zarr.codecs.Crc32cCodec()])
-        await coord.setitem(slice(None), values)
-
     # -- the end of a run, and repair -----------------------------------------------------------
     def finish_run(self) -> str | None:
         """Tag the current snapshot `run-<n>` (n counts the store's runs), a past state users can
-        read back with `open_store(path, snapshot="run-<n>")`; then compact: per-sample snapshots
-        older than COMPACT_GRACE are expired and the chunks only they referenced deleted (every
-        append rewrites the partial last chunk of each array, so old versions pile up).
+        read back with `open_store(path, snapshot="run-<n>")`; then move the branch to a copy of
+        that snapshot (RUN_END, a fallback for `repair`) and compact (`readers.compact`):
+        the per-sample snapshots before it are expired and the chunks only they referenced deleted
+        (every append rewrites the partial last chunk of each array, so old versions pile up),
+        except what a live reader's announced snapshot needs.
         Returns the tag, or None when this run committed nothing.
 
         On an object store (several writers) the tag is `run-<n>` with n the position of this
@@ -513,10 +437,12 @@ class StoreWriter:
             if tag in self.repo.list_tags():
                 self.repo.delete_tag(tag)
             self.repo.create_tag(tag, self.repo.lookup_branch(BRANCH))
-            cutoff = _dt.datetime.now(_dt.timezone.utc) - COMPACT_GRACE
+            # the branch moves to a copy of the tagged snapshot (same chunks, its own snapshot and
+            # manifest files): a damaged branch snapshot is then repaired back to the tag's, the
+            # newest intact one, which compaction no longer leaves anything older than
+            self._tip = self.repo.rewrite_manifests(RUN_END.format(tag), branch=BRANCH)
             try:
-                self.repo.expire_snapshots(older_than=cutoff)
-                verified.collect(self._real, lambda: self.repo.garbage_collect(cutoff))
+                self.compacted = compact(self.repo, self._real)
             except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
                 if io_failure(err):
                     raise
