@@ -14,6 +14,7 @@ in mkdocs/structure/files.py.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def _first_line(obj: object) -> str:
-    doc = inspect.getdoc(obj) or ""
+    doc = (inspect.getdoc(obj) or "").replace("``", "`")  # reST literals as Markdown code
     return " ".join(doc.split("\n\n", 1)[0].split())
 
 
@@ -57,7 +58,7 @@ def type_text(annotation: Any) -> str:
     if origin is typing.Annotated:
         return type_text(args[0])
     if origin is typing.Literal:
-        return " \\| ".join(_code(a) for a in args)
+        return " | ".join(_code(a) for a in args)  # a table cell escapes the bars (`_cell`)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(type_text(a) for a in args)
     if origin in (list, tuple):
@@ -91,19 +92,36 @@ def fields_table(model: type, skip: tuple[str, ...] = ()) -> str:
     """Every field of a pydantic model: the name a spec writes, its type, its default, its note."""
     from pydantic_core import PydanticUndefined
 
+    from pydantic import BaseModel
+
     notes = _comments(model)
     rows = []
     for name, info in model.model_fields.items():
         if name in skip:
             continue
-        if info.default is not PydanticUndefined:
-            default = _code(info.default)
-        elif info.default_factory is not None:
-            default = _code(info.default_factory())
-        else:
+        value = info.default if info.default is not PydanticUndefined else (
+            info.default_factory() if info.default_factory is not None else PydanticUndefined)
+        if value is PydanticUndefined:
             default = "required"
-        rows.append([_code(info.alias or name), type_text(info.annotation), default, notes.get(name, "")])
+        elif isinstance(value, BaseModel):
+            default = "its fields' defaults"
+        else:  # as YAML writes it
+            default = _code({None: "null", True: "true", False: "false"}.get(value, value)
+                            if isinstance(value, (bool, type(None))) else value)
+        rows.append([_code(info.alias or name), FIELD_TYPES.get(name) or type_text(info.annotation), default,
+                     notes.get(name, "")])
     return _table(["field", "type", "default", "note"], rows)
+
+
+# fields whose annotation says less than a sentence does
+FIELD_TYPES = {"site": "a site name ([Sites](#sites))",
+               "interventions": "list of entries, each of an [intervention kind](#intervention-kinds)",
+               "kv_swap": "mapping (`conditions.NAME.kv_swap` below) or null",
+               "data": "mapping (the [data sources](#data-sources))",
+               "conditions": "mapping of condition names to conditions (`conditions.NAME` below)",
+               "capture": "list of captures (`capture[]` below)", "generate": "mapping (`generate` below) or null",
+               "store": "mapping (`store` below)", "backend": "mapping (`backend` below)",
+               "analysis": "mapping (`analysis` below)", "limits": "mapping (`limits` below)"}
 
 
 def interventions() -> str:
@@ -171,16 +189,23 @@ def options() -> str:
 
 
 def cli() -> str:
-    import argparse
+    """`workbench --help` and each command's `--help`, as argparse prints them (its public API:
+    the commands are read from the top-level help's list)."""
+    import contextlib
+    import io
 
     from workbench.cli import build_parser
 
-    parser = build_parser()
-    parts = [f"### `workbench`\n\n```text\n{parser.format_help()}```"]
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                parts.append(f"### `workbench {name}`\n\n```text\n{sub.format_help()}```")
+    os.environ["COLUMNS"] = "100"  # argparse wraps help at the terminal's width (shutil.get_terminal_size)
+    top = build_parser().format_help()
+    listing = top.split("positional arguments:", 1)[1].split("\n\n", 1)[0]
+    commands = re.findall(r"^    ([a-z]+)\s", listing, re.M)
+    parts = [f"### `workbench`\n\n```text\n{top}```"]
+    for name in commands:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            build_parser().parse_args([name, "--help"])
+        parts.append(f"### `workbench {name}`\n\n```text\n{out.getvalue()}```")
     return "\n\n".join(parts)
 
 
