@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow wheel-check install clean-stores
+.PHONY: demo test test-slow wheel-check docs install clean-stores
 
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
@@ -23,6 +23,12 @@ test-slow: $(STAMP)
 wheel-check: $(STAMP)
 	.ci/wheel_check.sh $(BIN)/python
 
+# the docs site (mkdocs.yml, docs/) into site/, in strict mode: a warning (a broken link, a page
+# missing from the nav) fails it. The reference, the families table and the analysis catalogue are
+# generated from the registries by docs/hooks/reference.py. CI runs it after test-slow.
+docs: $(STAMP)
+	MPLBACKEND=Agg $(BIN)/python -m mkdocs build --strict
+
 install: $(STAMP)
 
 # torch first and pinned to the CPU wheel: a bare `torch` requirement pulls a multi-GB CUDA build.
@@ -31,7 +37,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[models,test]"
+	$(BIN)/python -m pip install -q -e ".[models,test,docs]"
 	touch $(STAMP)
 
 clean-stores:

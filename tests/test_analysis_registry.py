@@ -1,6 +1,6 @@
 """The analyses registry is the one list of analyses: every built-in is one module of
 analyses/builtin/ that registers itself, `analyze`, `report` and the CLI's names and choices read
-the registry, and an analysis in a module outside the package (the README's example, verbatim)
+the registry, and an analysis in a module outside the package (the docs' example, verbatim)
 appears in `workbench analyze` and `workbench report` through `--plugins`."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def small_store(tmp_path_factory) -> Path:
 
 
 def readme_plugin() -> str:
-    """The README's plugin module, verbatim: the python block that starts `# mylab_analyses.py`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"^```python\n(.*?)^```", readme, re.S | re.M)
+    """The docs' plugin module (docs/analyses.md), verbatim: the python block that starts `# mylab_analyses.py`."""
+    page = (ROOT / "docs" / "analyses.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", page, re.S | re.M)
     return next(b for b in blocks if b.startswith(f"# {PLUGIN}.py\n"))
 
 
@@ -127,9 +127,9 @@ def test_a_plugin_outside_the_package_appears_in_analyze_and_report(small_store,
     assert "Traceback" not in broken.stderr
 
 
-def test_the_readme_names_every_registered_analysis():
-    """The README's list of tables (`Tables (...): ...` under Analyses) names every registered
+def test_the_docs_name_every_registered_analysis():
+    """The list of tables of docs/analyses.md (`Tables (...): ...`) names every registered
     analysis, in backquotes."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    listing = readme.split("\nTables (", 1)[1].split("\n\n", 1)[0]
+    page = (ROOT / "docs" / "analyses.md").read_text(encoding="utf-8")
+    listing = page.split("\nTables (", 1)[1].split("\n\n", 1)[0]
     assert [n for n in registry.names() if f"`{n}`" not in listing] == []

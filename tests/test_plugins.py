@@ -1,5 +1,5 @@
-"""Intervention kinds from outside the package (`workbench.extend`): the README's plugin example,
-run verbatim (its module and spec written as the README shows them, its commands through the
+"""Intervention kinds from outside the package (`workbench.extend`): the docs' plugin example
+(docs/specs.md), run verbatim (its module and spec written as the page shows them, its commands through the
 CLI), its stored values against plain PyTorch hooks; a plugin that does not import, one from an
 entry point, and a plugin kind in a remote run."""
 
@@ -18,19 +18,19 @@ from workbench.cli import main
 from workbench.data import builtin_samples
 from workbench.runner import LazyInputs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "specs.md"  # the page with the plugin example
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
 def readme_files() -> dict[str, str]:
-    """{path: text} of the README's blocks that open with `# file: PATH`."""
-    blocks = [m.group(2) for m in FENCE.finditer(README.read_text(encoding="utf-8"))]
+    """{path: text} of the page's blocks that open with `# file: PATH`."""
+    blocks = [m.group(2) for m in FENCE.finditer(PAGE.read_text(encoding="utf-8"))]
     return {b.split("\n", 1)[0][len("# file: "):].strip(): b for b in blocks if b.startswith("# file: ")}
 
 
 def readme_commands(after: str) -> list[str]:
     """The bash lines of the first bash block after the block that writes `after`."""
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     rest = text[text.index(f"# file: {after}"):]
     return [line.strip() for line in rest.split("```bash\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
 

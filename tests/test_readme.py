@@ -1,5 +1,5 @@
-"""Every code block of README.md runs, verbatim, in README order, in a sandbox: a copy of the
-files the README's commands read (specs/, Makefile, pyproject.toml), a `.venv` whose `python` and
+"""Every code block of README.md and of the docs pages (docs/*.md, in the order of mkdocs.yml's
+nav, after the README) runs, verbatim, in a sandbox: a copy of the files their commands read (specs/, Makefile, pyproject.toml), a `.venv` whose `python` and
 `workbench` run this checkout with the test environment's interpreter, the tiny models of the
 session cache, and no network. `bash` blocks run line by line (each line as written), `python`
 blocks as scripts, `yaml` blocks are validated as specs; a block whose first line is `# file: PATH` is
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -39,8 +40,30 @@ EXPECTED = {
 }
 
 
+def blocks_of(page: Path) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text(encoding="utf-8"))]
+
+
 def readme_blocks() -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / "README.md").read_text(encoding="utf-8"))]
+    return blocks_of(REPO / "README.md")
+
+
+def nav_pages() -> list[str]:
+    """The docs pages in mkdocs.yml's nav order (a nav entry is {title: page.md})."""
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    return [page for entry in nav for page in entry.values()]
+
+
+def doc_pages() -> list[Path]:
+    """README.md, then every docs page written by hand (a generated page, e.g. benchmarks.md, has
+    no file under docs/), in nav order."""
+    return [REPO / "README.md"] + [REPO / "docs" / p for p in nav_pages() if (REPO / "docs" / p).is_file()]
+
+
+def all_blocks() -> list[tuple[str, int, str, str]]:
+    """(page, number within the page, language, text) of every block, in the order they run."""
+    return [(page.relative_to(REPO).as_posix(), number, lang, text) for page in doc_pages()
+            for number, (lang, text) in enumerate(blocks_of(page), start=1)]
 
 
 def file_of(text: str) -> str | None:
@@ -83,27 +106,34 @@ def sandbox(tmp_path_factory, workbench_cache):
 
 
 def test_every_block_has_a_known_language():
-    blocks = readme_blocks()
-    assert blocks and all(lang in KNOWN_LANGUAGES for lang, _ in blocks), [lang for lang, _ in blocks]
-    lines = {command_of(line) for lang, text in blocks if lang == "bash" for line in text.splitlines()}
+    blocks = all_blocks()
+    assert readme_blocks() and all(lang in KNOWN_LANGUAGES for _, _, lang, _ in blocks), \
+        [(page, number, lang) for page, number, lang, _ in blocks if lang not in KNOWN_LANGUAGES]
+    lines = {command_of(line) for _, _, lang, text in blocks if lang == "bash" for line in text.splitlines()}
     assert set(EXPECTED) <= lines, f"stale EXPECTED entries: {set(EXPECTED) - lines}"
 
 
-@pytest.mark.slow  # ~2 min: every README command, make demo included (CI runs it: make test-slow)
+def test_every_docs_page_is_in_the_nav():
+    """A page left out of mkdocs.yml's nav would be neither in the site's menu nor run here."""
+    written = sorted(p.name for p in (REPO / "docs").glob("*.md"))
+    assert sorted(p.name for p in doc_pages()[1:]) == written
+
+
+@pytest.mark.slow  # ~5 min: every README and docs command, make demo included (CI runs it: make test-slow)
 def test_readme_code_blocks_run_verbatim(sandbox):
     from workbench.spec import parse_spec
 
     root, env = sandbox
     ran = 0
-    for number, (lang, text) in enumerate(readme_blocks(), start=1):
-        where = f"README block {number} ({lang})"
+    for page, number, lang, text in all_blocks():
+        where = f"{page} block {number} ({lang})"
         target = file_of(text)
         if target is not None:
             (root / target).write_text(text)
         elif lang == "yaml":
             parse_spec(text, source=where)
         elif lang == "python":
-            script = root / f"block_{number}.py"
+            script = root / f"block_{page.replace('/', '_')[:-3]}_{number}.py"
             script.write_text(text)
             done = subprocess.run([str(root / ".venv" / "bin" / "python"), str(script)], cwd=root, env=env,
                                   capture_output=True, text=True, timeout=600)
@@ -133,5 +163,5 @@ def test_readme_code_blocks_run_verbatim(sandbox):
         else:
             continue
         ran += 1
-    assert ran >= 10
+    assert ran == sum(1 for _, _, lang, _ in all_blocks() if lang != "text")   # every block but the layout's text
     assert (root / "stores" / "demo.zarr").is_dir() and (root / "reports" / "demo" / "report.md").is_file()

@@ -61,23 +61,26 @@ def test_spec_errors_list_the_registered_kinds():
     assert tuple(listed) == spec.kind_names() == tuple(intervention_kinds())
 
 
-def test_readme_tables_list_the_registered_kinds():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Interventions", 1)[1].split("\n### ", 1)[0]
+SPECS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "specs.md"
+
+
+def test_docs_tables_list_the_registered_kinds():
+    page = SPECS_PAGE.read_text(encoding="utf-8")
+    section = page.split("\n## Interventions", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
-    assert sorted(listed) == sorted(intervention_kinds())   # each kind once, in the order the README explains them
+    assert sorted(listed) == sorted(intervention_kinds())   # each kind once, in the order the page explains them
 
 
-def test_every_site_is_one_module_and_the_readme_lists_them():
+def test_every_site_is_one_module_and_the_docs_list_them():
     from workbench import sites
 
     folder = Path(sites.__file__).parent
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base", "readers"}
     assert modules == {name.replace(".", "_") for name in sites.SITES}       # one file per site
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    prose = readme.split("### Sites", 1)[1].split("\n### ", 1)[0]
+    page = SPECS_PAGE.read_text(encoding="utf-8")
+    prose = page.split("\n## Sites", 1)[1].split("\n## ", 1)[0]
     assert set(re.findall(r"`([a-z_.]+)`", prose)) >= set(sites.SITES)       # every site is named there
-    table = readme.split("### Captures", 1)[1].split("\n\n", 2)[1]
+    table = page.split("\n## Captures", 1)[1].split("\n\n", 2)[1]
     listed = {name for cell in re.findall(r"^\| ((?:`[a-z_.]+`(?:, )?)+) \|", table, re.M)
               for name in re.findall(r"`([a-z_.]+)`", cell)}
     assert listed == set(sites.CAPTURE_SITES)                                # and the captures table, each once
