@@ -211,7 +211,8 @@ def test_every_family_is_one_file_plus_its_client():
     for name in families:
         client = importlib.import_module(f"workbench.models.architectures.tiny_{name}")
         assert callable(client.build_tiny) and callable(client.load_processor), name
-    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "smolvlm"
+    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "idefics3"
+    assert architectures.architecture_for(["SmolVLMForConditionalGeneration"]).family == "smolvlm"
 
 
 # -- the vision-side sites: vision (the tower's output as the connector receives it), vision_layer
