@@ -211,7 +211,8 @@ def test_every_family_is_one_file_plus_its_client():
     for name in families:
         client = importlib.import_module(f"workbench.models.architectures.tiny_{name}")
         assert callable(client.build_tiny) and callable(client.load_processor), name
-    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "smolvlm"
+    assert architectures.architecture_for(["Idefics3ForConditionalGeneration"]).family == "idefics3"
+    assert architectures.architecture_for(["SmolVLMForConditionalGeneration"]).family == "smolvlm"
 
 
 # -- the vision-side sites: vision (the tower's output as the connector receives it), vision_layer
@@ -273,8 +274,9 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
 
 
 # connectors whose first operation is a norm (RMSNorm ln_q, mm_soft_emb_norm after pooling,
-# LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output
-NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-gemma3", "tiny-internvl"}
+# LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output; so, but for
+# the conv's bias, is GLM-4V's (a conv and a linear map, then a LayerNorm)
+NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-gemma3", "tiny-internvl", "tiny-aya_vision", "tiny-glm4v"}
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)

@@ -19,8 +19,9 @@ from workbench.spec import parse_spec
 BASELINE = ConditionPlan("baseline", {}, "real", ())
 TINY = [a.tiny for a in tiny_architectures()]
 # written here, not read from the registry: the module whose output each branch adds to the
-# residual stream. Gemma-3 is peri-LN (a norm after each branch); every other family is pre-LN.
-PERI_LN = {"gemma3": {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"}}
+# residual stream. Gemma-3 and GLM-4V are peri-LN (a norm after each branch); every other family is pre-LN.
+PERI_LN = {"gemma3": {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
+           "glm4v": {"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"}}
 PRE_LN = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 

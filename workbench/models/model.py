@@ -237,7 +237,8 @@ class InputEncoder:
         if not self.arch.is_multimodal:
             return set()
         vocab = self.tokenizer.get_vocab()
-        return {i for tok, i in vocab.items() if tok.startswith("<") and is_boundary_token(self.arch, tok)}
+        # every vocab entry: some families' boundary tokens are bare words (Aya Vision's `TILE_GLOBAL`)
+        return {i for tok, i in vocab.items() if is_boundary_token(self.arch, tok)}
 
 
 class WorkbenchModel:

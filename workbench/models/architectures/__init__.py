@@ -11,15 +11,17 @@ Shipped to NDIF servers with the plan: imports only workbench modules that obey 
 
 from __future__ import annotations
 
-from . import gemma3, idefics2, internvl, llama, llava_onevision, paligemma, qwen2_5_vl, qwen3vl, smolvlm
+from . import aya_vision, gemma3, glm4v, idefics2, idefics3, internvl, llama, llava_onevision, paligemma, qwen2_5_vl, qwen3vl, smolvlm
 from .base import Architecture, is_boundary_token
 
 # The registered family modules, in the order tables list them.
-FAMILIES = (smolvlm, qwen3vl, llama, qwen2_5_vl, llava_onevision, gemma3, internvl, idefics2, paligemma)
+FAMILIES = (smolvlm, qwen3vl, llama, qwen2_5_vl, llava_onevision, gemma3, internvl, idefics2, paligemma, idefics3,
+            aya_vision, glm4v)
 
 ARCHITECTURES: tuple[Architecture, ...] = tuple(a for family in FAMILIES for a in family.ARCHITECTURES)
 
-SMOLVLM, IDEFICS3 = smolvlm.ARCHITECTURES
+SMOLVLM = smolvlm.SMOLVLM
+IDEFICS3 = idefics3.IDEFICS3
 QWEN3VL = qwen3vl.QWEN3VL
 LLAMA = llama.LLAMA
 

@@ -1,4 +1,5 @@
-"""SmolVLM / Idefics3: SigLIP tower, pixel-shuffle + linear connector, Llama decoder."""
+"""SmolVLM: SigLIP tower, pixel-shuffle + linear connector, Llama decoder (Idefics3's module tree,
+its own model type; Idefics3 is the family `idefics3`)."""
 
 from .base import Architecture
 
@@ -25,8 +26,4 @@ SMOLVLM = Architecture(
     client="tiny_smolvlm",
 )
 
-# Idefics3 is SmolVLM's parent class with the same module tree (no tiny model of its own).
-IDEFICS3 = SMOLVLM.replace(model_class="Idefics3ForConditionalGeneration",
-                           config_architectures=("Idefics3ForConditionalGeneration",), tiny=None)
-
-ARCHITECTURES = (SMOLVLM, IDEFICS3)
+ARCHITECTURES = (SMOLVLM,)
