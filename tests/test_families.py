@@ -274,7 +274,8 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
 
 # connectors whose first operation is a norm (RMSNorm ln_q, mm_soft_emb_norm after pooling,
 # LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output
-NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-qwen2_vl", "tiny-gemma3", "tiny-internvl"}
+NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-qwen2_vl", "tiny-gemma3", "tiny-internvl",
+              "tiny-mistral3"}
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)

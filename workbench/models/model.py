@@ -237,7 +237,9 @@ class InputEncoder:
         if not self.arch.is_multimodal:
             return set()
         vocab = self.tokenizer.get_vocab()
-        return {i for tok, i in vocab.items() if tok.startswith("<") and is_boundary_token(self.arch, tok)}
+        # literal tokens by name (Pixtral's `[IMG_BREAK]`); patterns only over `<...>` tokens
+        literal = {vocab[tok] for tok in self.arch.boundary_tokens if tok in vocab}
+        return literal | {i for tok, i in vocab.items() if tok.startswith("<") and is_boundary_token(self.arch, tok)}
 
 
 class WorkbenchModel:
