@@ -9,8 +9,12 @@ from workbench.check import check_model
 from workbench.cli import main
 from workbench.models.architectures import tiny_architectures
 
+# every registered tiny model; beyond these two, slow (each builds and loads its model)
+FAST = ("tiny-qwen3vl", "tiny-llama")
+TINY = [a.tiny if a.tiny in FAST else pytest.param(a.tiny, marks=pytest.mark.slow) for a in tiny_architectures()]
 
-@pytest.mark.parametrize("name", [a.tiny for a in tiny_architectures()])
+
+@pytest.mark.parametrize("name", TINY)
 def test_check_passes_and_prints_the_measured_differences(workbench_cache, name, capsys):
     assert main(["check", name, "--device", "cpu", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out

@@ -276,7 +276,8 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
 # connectors whose first operation is a norm (RMSNorm ln_q, mm_soft_emb_norm after pooling,
 # LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output; so, but for
 # the conv's bias, is GLM-4V's (a conv and a linear map, then a LayerNorm)
-NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-gemma3", "tiny-internvl", "tiny-aya_vision", "tiny-glm4v"}
+NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-qwen2_vl", "tiny-gemma3", "tiny-internvl", "tiny-aya_vision",
+              "tiny-glm4v", "tiny-mistral3"}
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)
@@ -358,3 +359,25 @@ def test_two_connector_edits_in_execution_order_equal_hooks(load_tiny):
         for h in handles:
             h.remove()
     np.testing.assert_allclose(both.tokens["hidden"], reference, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny-llava_onevision", "tiny-llava_next"])
+def test_image_newline_rows_are_vision_positions_that_projector_edits_leave(load_tiny, name):
+    """AnyRes packing appends the learned `image_newline` after each row of tile features: those
+    rows hold `<image>` positions (labelled vision) but are not projector output, so scaling the
+    projector scales every other vision row and leaves them as they are."""
+    model = load_tiny(name)
+    plan = plan_for(model, """\
+  baseline: {}
+  half: {interventions: [{kind: scale, site: projector, factor: 0.5}]}""")
+    base, inputs = run(model, plan, "baseline")
+    half, _ = run(model, plan, "half")
+    newline = model.hf.model.image_newline.detach().numpy()
+    embedded = base.tokens["hidden"][:, 0]  # the decoder's input: image features at vision rows
+    is_newline = np.isclose(embedded, newline, atol=1e-6, rtol=0).all(-1)
+    vision = inputs["real"].modality == "vision"
+    assert is_newline.sum() >= 2 and (vision[is_newline]).all()
+    np.testing.assert_array_equal(half.tokens["hidden"][is_newline, 0], embedded[is_newline])
+    features = vision & ~is_newline
+    assert features.sum() > is_newline.sum()
+    np.testing.assert_allclose(half.tokens["hidden"][features, 0], 0.5 * embedded[features], atol=ATOL, rtol=1e-6)

@@ -238,6 +238,7 @@ class InputEncoder:
             return set()
         vocab = self.tokenizer.get_vocab()
         # every vocab entry: some families' boundary tokens are bare words (Aya Vision's `TILE_GLOBAL`)
+        # or bracketed (Pixtral's `[IMG_BREAK]`)
         return {i for tok, i in vocab.items() if is_boundary_token(self.arch, tok)}
 
 
