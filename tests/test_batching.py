@@ -88,14 +88,10 @@ def assert_stores_match(unbatched: Path, batched: Path, name: str) -> tuple[xr.D
 
 
 # the two study families (and the text model) in the default run; every other family in make test-slow
-# known limits of the vision rows' store and per-row split, each a strict xfail with its reason:
-# LLaVA-1.5/1.6 connectors read the tower's rows without the CLS row (`vision` has one row per
-# patch, `vision_layer` one more; the store holds both on one `vision_patch` dim); Pixtral's tower
+# a known limit of the vision rows' per-row split, a strict xfail with its reason: Pixtral's tower
 # (Mistral 3) packs every image of a batch into one sequence of batch 1, which the per-row split
 # of vision rows does not know
 VISION_ROWS_XFAIL = {
-    "tiny-llava": "vision and vision_layer rows differ (CLS dropped); one vision_patch dim",
-    "tiny-llava_next": "vision and vision_layer rows differ (CLS dropped); one vision_patch dim",
     "tiny-mistral3": "Pixtral packs a batch's images into one sequence; vision rows are not split per row",
 }
 

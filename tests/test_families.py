@@ -256,7 +256,10 @@ def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
         for h in handles:
             h.remove()
     flat = lambda t: t.reshape(-1, t.shape[-1]).numpy()
-    return np.stack([flat(t) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1), flat(vision[-1]), residual
+    # the rows the connector drops (LLaVA's CLS) are not patches: the capture leaves them out too
+    patches = lambda t: t[:, arch.tower_prefix_rows:] if arch.tower_prefix_rows else t
+    return (np.stack([flat(patches(t)) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1),
+            flat(vision[-1]), residual)
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)
@@ -269,6 +272,8 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
     assert result.patches["vision_hidden"].shape == layers.shape
     np.testing.assert_allclose(result.patches["vision_hidden"], layers, atol=ATOL, rtol=0)
     np.testing.assert_allclose(result.patches["vision"], vision, atol=ATOL, rtol=0)
+    if model.arch.tower_prefix_rows:   # one row per patch in both, as the store's vision_patch dim needs
+        assert result.patches["vision_hidden"].shape[0] == vision.shape[0]
     # patches are not LLM tokens: the tower has its own row count (before merging / pooling)
     assert "vision" not in result.tokens and vision.shape[0] > 0
 

@@ -97,6 +97,8 @@ class PatchCapture(Record):
         if "pixel_values" not in inputs.encoding:
             return
         tensor = batch_rows(site_tensor(model, self.site, layer), row)
+        if self.site == "vision_layer" and model.arch.tower_prefix_rows:   # (images, rows, dim): CLS dropped
+            tensor = tensor[:, model.arch.tower_prefix_rows:]
         saved[(self.site, layer)] = [saved_copy(tensor.reshape(-1, tensor.shape[-1]))]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:

@@ -43,6 +43,9 @@ class Architecture(Record):
     prefix_lm: the prompt is one bidirectional prefix (PaliGemma): no kv_swap, and a row without
       `token_type_ids` is never padded
     position_offset: the first position id (PaliGemma's are 1-based)
+    tower_prefix_rows: rows each image has in the tower's layers before its patches, which the
+      connector drops (CLIP's CLS row in LLaVA, `vision_feature_select_strategy: default`): the
+      `vision_layer` capture leaves them out, so its rows are the patches `vision` holds
     attention_call: the `.source` name (nnsight) of the attention call in a decoder layer's
       self-attention forward, whose inputs (q, k, mask) give the attention probabilities
       (transformers 5.x: `attention_interface_1`, after the `attention_interface_0` lookup)
@@ -63,12 +66,13 @@ class Architecture(Record):
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
-               "position_offset", "attention_call", "nest_images",
+               "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
                  "mrope": False, "deepstack": False, "prefix_lm": False, "position_offset": 0,
+                 "tower_prefix_rows": 0,
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
@@ -79,6 +83,7 @@ class Architecture(Record):
     deepstack: bool
     prefix_lm: bool
     position_offset: int
+    tower_prefix_rows: int
 
     @property
     def is_multimodal(self) -> bool:

@@ -20,6 +20,7 @@ LLAVA = Architecture(
     projector_merger="model.multi_modal_projector",
     projector_parts={"linear_1": "model.multi_modal_projector.linear_1",
                      "linear_2": "model.multi_modal_projector.linear_2"},
+    tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",  # no framing tokens
     tiny="tiny-llava",
     client="tiny_llava",

@@ -25,6 +25,7 @@ LLAVA_NEXT = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     # every feature row, newline rows included, is an `<image>` position: all are labelled vision
     # (they carry what the image side put there); no framing tokens
+    tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",
     tiny="tiny-llava_next",
     client="tiny_llava_next",
