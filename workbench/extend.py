@@ -34,12 +34,13 @@ from typing import Any, Callable, TypeVar, get_args
 
 from .errors import BadInputError
 from .interventions.base import Intervention
-from .spec.fields import Layers, Number, NumberOrVar, Positions, Site, Swept
+from .spec.fields import Layers, LayersOrVar, Number, NumberOrVar, Positions, PositionsOrVar, Site, Swept
 from .sites import Site, register_site
 from .spec.kinds import InterventionSpec, KindSpec, swept_fields
 
 __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "register_intervention",
-           "intervention_kinds", "load_plugin", "Layers", "Number", "NumberOrVar", "Positions", "Site", "Swept",
+           "intervention_kinds", "load_plugin", "Layers", "LayersOrVar", "Number", "NumberOrVar", "Positions",
+           "PositionsOrVar", "Site", "Swept",
            "ENTRY_POINT_GROUP", "Site", "register_site"]
 
 ENTRY_POINT_GROUP = "workbench.plugins"
@@ -79,8 +80,9 @@ class InterventionKind:
         return self.builtin
 
     def swept(self) -> dict[str, str]:
-        """{field: what its sweep values must be} of the fields that take a '$variable'."""
-        return swept_fields(self.spec)
+        """{field: what it holds} of the fields that take a '$variable': those whose type carries
+        a `Swept` marker (`NumberOrVar`, `LayersOrVar`, `PositionsOrVar`, or a kind's own)."""
+        return {name: marker.kind for name, marker in swept_fields(self.spec).items()}
 
     def source_of(self, raw: Any) -> tuple[str, str] | None:
         """(field name as the spec writes it, condition) of the source `raw` reads, if any."""

@@ -114,12 +114,16 @@ def check_resume(store: StoreWriter, spec: Any, plans: list[ModelPlan],
     """Refuse, before any model loads, a resume that would mix meanings under one name: a
     condition whose identity changed, or a stored sample whose input changed under its id
     (`hashes`: sample id -> input hash). Returns the samples already stored per (model, condition)."""
-    from .plan import condition_names
+    from .plan import condition_names, renamed_runs
     from .store import StoreIdentityError
 
     done = {}  # only the conditions the store holds: a sweep's names are generated, not held
     for plan in plans:
         held = store.committed_conditions(plan.info.model_id)
+        renamed = renamed_runs(held, plan.conditions)
+        if renamed:
+            raise StoreIdentityError(f"{plan.info.model_id}: {renamed}",
+                                     hint="write to a new store (--store); this one still opens and analyses as it is")
         for i, name in enumerate(condition_names(plan.conditions)):
             if name not in held:
                 continue
