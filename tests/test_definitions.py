@@ -95,7 +95,7 @@ def test_average_layers_changes_the_kv_cosine_as_numpy_says(store, capsys):
             def rows(condition):
                 where = (lab["condition"] == condition) & (lab["sample"] == sample) & (modality == "vision")
                 return np.flatnonzero(where)[np.argsort(position[where])]
-            a, b = keys[rows("alpha=0.1")], keys[rows("baseline")]
+            a, b = keys[rows("alpha[alpha=0.1]")], keys[rows("baseline")]
             cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))  # (token, layer)
             per_sample.append(cos.mean(0)[first_layer:].mean())
         return np.mean(per_sample)
@@ -117,7 +117,7 @@ def test_rank_base_changes_the_median_rank_as_numpy_says(store, capsys):
         ranks = []
         for sample in np.unique(lab["sample"]):
             ref = logprobs[(lab["condition"] == "baseline") & (lab["sample"] == sample)][0]
-            cond = logprobs[(lab["condition"] == "alpha=0.1") & (lab["sample"] == sample)][0]
+            cond = logprobs[(lab["condition"] == "alpha[alpha=0.1]") & (lab["sample"] == sample)][0]
             ranks.append((cond > cond[np.argmax(ref)]).sum() + base)
         return np.median(ranks)
 
@@ -206,7 +206,7 @@ store: {{path: {tmp_path / 'swaps.zarr'}}}
 """)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
     capsys.readouterr()
-    out = analyze(capsys, tmp_path / "swaps.zarr", "kv-substitution", "--swap", "p=keys", "--swap", "p=values")
+    out = analyze(capsys, tmp_path / "swaps.zarr", "kv-substitution", "--swap", "swap[p=keys]", "--swap", "swap[p=values]")
     ds = workbench.open_store(tmp_path / "swaps.zarr", model="tiny-smolvlm", index=False).load()
     lab = labels(ds, "run_")
     logprobs = ds.logprobs.values[:, 0].astype(np.float64)
@@ -219,12 +219,12 @@ store: {{path: {tmp_path / 'swaps.zarr'}}}
             values.append(float(entropy(np.exp(p), np.exp(q))))    # scipy renormalizes both
         return np.mean(values)
 
-    for condition in ("hybrid", "p=keys", "p=values"):
+    for condition in ("hybrid", "swap[p=keys]", "swap[p=values]"):
         printed = row_estimates(out, "tiny-smolvlm", condition)
         expected = [kl("baseline", condition), kl("blank", condition), kl("baseline", "blank")]
         for text, value in zip(printed[:3], expected):
             assert abs(float(text) - value) <= half_unit(text), (condition, text, value)
         assert abs(float(printed[3])) < 1e-6                         # the self-swap control
-    assert kl("baseline", "p=keys") != pytest.approx(kl("baseline", "p=values"), rel=1e-3)
-    assert main(["analyze", str(tmp_path / "swaps.zarr"), "--swap", "p=key"]) == 2
-    assert "--swap[0]: no condition 'p=key'" in capsys.readouterr().err
+    assert kl("baseline", "swap[p=keys]") != pytest.approx(kl("baseline", "swap[p=values]"), rel=1e-3)
+    assert main(["analyze", str(tmp_path / "swaps.zarr"), "--swap", "swap[p=key]"]) == 2
+    assert "--swap[0]: no condition 'swap[p=key]'" in capsys.readouterr().err
