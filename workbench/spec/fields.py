@@ -298,8 +298,10 @@ def _sweep_values(value: Any) -> list[float] | list[int] | list[str]:
     if not value:
         _fail("got an empty list; expected at least 1 value")
     words = all(isinstance(v, str) for v in value)
+    mixed = not words and any(isinstance(v, str) for v in value)  # one coordinate type per variable
     problems = [((i,), f"{_got(v)}{_did_you_mean(v, SWEEP_WORDS) if words else ''}; expected a number"
-                 + (f" or one of {_quoted(SWEEP_WORDS)}" if words else ""))
+                 + (f" or one of {_quoted(SWEEP_WORDS)}" if words else "")
+                 + (" (a sweep's values are all numbers or all words)" if mixed else ""))
                 for i, v in enumerate(value)
                 if (v not in SWEEP_WORDS if words else not _finite_number(v))]
     if problems:
