@@ -9,7 +9,9 @@ An intervention kind is two classes registered together:
   ``resolve(model)`` (defaults taken from the model, e.g. `normalize`'s target).
 
 ``@register_intervention(MySpec, ...)`` on the runtime class declares the kind: from then on the
-spec accepts it (sweepable fields included), ``workbench validate`` checks it against each
+spec accepts it (sweepable fields included: a field whose type carries a `Swept` marker, such as
+`NumberOrVar` or `InterventionSpec`'s `LayersOrVar` / `PositionsOrVar`, takes a '$variable', and
+each run of a sweep is validated by the kind's model with its values in place), ``workbench validate`` checks it against each
 model, and runs apply it. The built-in kinds are declared this way too, one module each under
 ``workbench/interventions/``. A spec loads other modules with ``plugins: [mylab.interventions]``;
 installed packages may declare theirs under the entry-point group ``workbench.plugins``.

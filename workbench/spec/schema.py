@@ -1,7 +1,7 @@
 """The spec schema: the pydantic models (:class:`Spec` and its sections; each intervention entry
 is validated by its kind's model, declared in `workbench.extend`), the checks across fields (condition references,
-source cycles, site roles, sweep name clashes) and the expansion of sweeps into
-:class:`ConditionInstance`s."""
+source cycles, site roles, each swept run's values) and the runs a spec expands to
+(`workbench.spec.sweeps`)."""
 
 from __future__ import annotations
 
