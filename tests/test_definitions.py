@@ -95,7 +95,7 @@ def test_average_layers_changes_the_kv_cosine_as_numpy_says(store, capsys):
             def rows(condition):
                 where = (lab["condition"] == condition) & (lab["sample"] == sample) & (modality == "vision")
                 return np.flatnonzero(where)[np.argsort(position[where])]
-            a, b = keys[rows("alpha[alpha=0.1]")], keys[rows("baseline")]
+            a, b = keys[rows("alpha=0.1")], keys[rows("baseline")]
             cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))  # (token, layer)
             per_sample.append(cos.mean(0)[first_layer:].mean())
         return np.mean(per_sample)
@@ -117,7 +117,7 @@ def test_rank_base_changes_the_median_rank_as_numpy_says(store, capsys):
         ranks = []
         for sample in np.unique(lab["sample"]):
             ref = logprobs[(lab["condition"] == "baseline") & (lab["sample"] == sample)][0]
-            cond = logprobs[(lab["condition"] == "alpha[alpha=0.1]") & (lab["sample"] == sample)][0]
+            cond = logprobs[(lab["condition"] == "alpha=0.1") & (lab["sample"] == sample)][0]
             ranks.append((cond > cond[np.argmax(ref)]).sum() + base)
         return np.median(ranks)
 

@@ -127,7 +127,17 @@ def test_a_huge_sweep_is_checked_per_value_not_per_run():
     assert len(found) == 6
     assert "conditions.big[f=0.0,l=-1].interventions[0].layers[0]: got -1 (int); expected a layer index (an integer >= 0)" in found
     assert "conditions.big[f=0.0,l=-5].interventions[0].layers[0]: got -5 (int); expected a layer index (an integer >= 0)" in found
-    assert [f for f in found if f.startswith("conditions.big.sweep: 995 more values of 'l' fail the same way")]
+    assert [f for f in found if f.startswith("conditions.big.sweep: 995 more values of '$l' fail the same way")]
+
+
+def test_variables_sharing_a_field_are_checked_together():
+    """Two variables in one `layers` list: only the runs where they are equal repeat a layer; a
+    zip's pairs are the only combinations it makes."""
+    found = problems_of(spec_text("  c: {sweep: {a: [0, 1], b: [1, 2]}, interventions: [{kind: zero, site: layer, "
+                                  "layers: [$a, $b]}]}\n"))
+    assert found == ["conditions.c[a=1,b=1].interventions[0].layers[1]: duplicate layer index 1; expected each layer index once"]
+    parse_spec(spec_text("  c: {sweep: {zip: {a: [0, 1], b: [1, 0]}}, interventions: [{kind: zero, site: layer, "
+                         "layers: [$a, $b]}]}\n"))  # (0, 0) and (1, 1) are no run
 
 
 def test_validate_names_the_run_a_model_cannot_give(tmp_path, capsys):

@@ -15,6 +15,7 @@ as a hand-written condition would be. Runs are built when taken (`ConditionSpace
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, overload
@@ -24,7 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from .fields import _SPEC_ERROR, _distinct_values, _fail_many, _sweep_values, _var_name
 from .kinds import swept_fields
-from .problems import SpecPath, _did_you_mean
+from .problems import Problem, SpecError, SpecPath, _did_you_mean
 
 ZIP = "zip"  # the sweep key of a group of variables advancing together
 
@@ -120,13 +121,24 @@ def assignment_at(axes: Sequence[Axis], index: int) -> dict[str, Any]:
             for var, values in zip(names, lists)}
 
 
-def first_with(axes: Sequence[Axis], variable: str, value: Any) -> dict[str, Any]:
-    """The first run's assignment in which `variable` has `value` (for a problem's location)."""
+def first_with(axes: Sequence[Axis], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The first run's assignment holding `values` (drawn from one run's assignment), for a
+    problem's location."""
     index = 0
     for names, lists in axes:
-        digit = lists[names.index(variable)].index(value) if variable in names else 0
+        held = [k for k, var in enumerate(names) if var in values]
+        digit = lists[held[0]].index(values[names[held[0]]]) if held else 0
         index = index * len(lists[0]) + digit
     return assignment_at(axes, index)
+
+
+def _combinations(axes: Sequence[Axis], wanted: set[str]) -> Iterator[dict[str, Any]]:
+    """Every distinct assignment of the variables `wanted` that some run holds: the product of
+    the axes holding them (a zip's variables together), never of the others."""
+    used = [axis for axis in axes if wanted & set(axis[0])]
+    for digits in itertools.product(*(range(axis_length(axis)) for axis in used)):
+        yield {var: values[digit] for (names, lists), digit in zip(used, digits)
+               for var, values in zip(names, lists) if var in wanted}
 
 
 # --------------------------------------------------------------------------- names
@@ -209,27 +221,29 @@ _SHOWN_VALUES = 5
 
 def value_problems(base: str, entries: Sequence[tuple[SpecPath, BaseModel]], axes: Sequence[Axis]
                    ) -> list[tuple[SpecPath, str]]:
-    """Each '$variable' of each entry checked at every distinct value of its variable, the
-    entry validated as if hand-written with that value in place; a problem names the first run
-    with that value. Cost: (references) x (values), never the product of the sweep."""
+    """Each entry's swept fields checked at every value their variables take, the entry
+    validated as if hand-written with those values in place; a problem names the first run
+    holding them. Cost: per field, the values of its variable (or, for a field holding several,
+    their combinations), never the product of the whole sweep."""
     from .translate import nested_problems  # translate reads the schema, which reads this module
 
-    lists = {var: values for names, group in axes for var, values in zip(names, group)}
     problems: list[tuple[SpecPath, str]] = []
     for subpath, entry in entries:
-        for var in dict.fromkeys(var for _, var in var_refs(entry)):
+        for name, marker in swept_fields(type(entry)).items():
+            wanted = {var for _, var in marker.refs(getattr(entry, name))}
             failed = 0
-            for value in lists.get(var, ()):
+            for values in _combinations(axes, wanted) if wanted else ():
                 try:
-                    place(entry, {var: value})
+                    place(entry, values)
                 except ValidationError as exc:
                     failed += 1
                     if failed <= _SHOWN_VALUES:
-                        where = ("conditions", RunKey(run_name(base, first_with(axes, var, value)), base)) + subpath
+                        where = ("conditions", RunKey(run_name(base, first_with(axes, values)), base)) + subpath
                         problems += [(where + tuple(p), m) for p, m in nested_problems(exc, type(entry))]
             if failed > _SHOWN_VALUES:
-                problems.append((("conditions", base, "sweep"), f"{failed - _SHOWN_VALUES} more values of '{var}' "
-                                 f"fail the same way; expected values that fit where '${var}' is used"))
+                used = ", ".join(f"'${var}'" for var in sorted(wanted))
+                problems.append((("conditions", base, "sweep"), f"{failed - _SHOWN_VALUES} more values of "
+                                 f"{used} fail the same way; expected values that fit where they are used"))
     return problems
 
 
@@ -254,15 +268,29 @@ class ConditionInstance:
 
 
 def instance(base: str, condition: Any, assignment: dict[str, Any]) -> ConditionInstance:
+    name = run_name(base, assignment)
     swap = condition.kv_swap
     return ConditionInstance(
-        name=run_name(base, assignment),
+        name=name,
         base=base,
         sweep=assignment,
         image=condition.image,
-        interventions=tuple(place(iv, assignment) for iv in condition.interventions),
-        kv_swap=place(swap, assignment) if swap is not None and assignment else swap,
+        interventions=tuple(_placed(name, base, ("interventions", j), iv, assignment)
+                            for j, iv in enumerate(condition.interventions)),
+        kv_swap=_placed(name, base, ("kv_swap",), swap, assignment) if swap is not None and assignment else swap,
     )
+
+
+def _placed(name: str, base: str, subpath: SpecPath, entry: BaseModel, assignment: Mapping[str, Any]) -> BaseModel:
+    """`place`, a failure located at the run: values that fit one by one (`value_problems`) but
+    not together, such as two variables of one `layers` list equal in one run."""
+    try:
+        return place(entry, assignment)
+    except ValidationError as exc:
+        from .translate import nested_problems
+
+        where = ("conditions", RunKey(name, base)) + subpath
+        raise SpecError([Problem(where + tuple(p), None, m) for p, m in nested_problems(exc, type(entry))]) from None
 
 
 class ConditionSpace(Sequence[ConditionInstance]):
