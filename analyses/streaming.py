@@ -37,15 +37,19 @@ LAYER_DIMS = ("layer", "decoder_layer")
 
 
 def condition_sort_key(name: str) -> tuple:
-    """Baseline first, then conditions by name with swept values in numeric order."""
+    """Baseline first, then conditions by name, a sweep's runs ('steer[c=0.5]', or 'c=0.5' in a
+    store named before runs carried their condition's name) by their values, numbers in numeric order."""
+    base, bracket, inner = name.partition("[")
+    if not bracket:
+        base, inner = (name.partition("=")[0], name) if "=" in name else (name, "")
     parts = []
-    for part in name.split(","):
+    for part in inner.rstrip("]").split(",") if inner else ():
         key, _, value = part.partition("=")
         try:
-            parts.append((key, float(value)))
+            parts.append((key, float(value), ""))
         except ValueError:
-            parts.append((part, float("-inf")))
-    return (name != "baseline", parts)
+            parts.append((key, float("-inf"), value))
+    return (name != "baseline", base, parts)
 
 
 @dataclass

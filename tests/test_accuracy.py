@@ -161,7 +161,7 @@ def test_spec_runs_offline_and_the_table_is_the_rescored_texts(spec_store, load_
         got = table.data["accuracy"].sel(model=model, stat="value")
         for condition, value in expected.items():
             assert float(got.sel(condition=condition)) == pytest.approx(value)
-    rows = [r for r in table.rows if r[1] == "alpha=0.1"]
+    rows = [r for r in table.rows if r[1] == "scale[alpha=0.1]"]
     assert [r[2] for r in rows] == ["0.1", "0.1"]
 
 

@@ -155,7 +155,7 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
     inputs = LazyInputs(model, SAMPLE)
     conditions = list(plan.conditions)
     assert [[c.name for c in g] for g in batches(inputs, conditions, 8)] == \
-        [["a=1.0", "a=0.5", "a=2.0", "blank"], ["none"]]
+        [["alpha[a=1.0]", "alpha[a=0.5]", "alpha[a=2.0]", "blank"], ["none"]]
     rows = []
     hook = model.hf.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
     try:
@@ -164,9 +164,9 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
         hook.remove()
     assert rows == [4, 4, 4, 1, 1, 1]  # prompt + 2 decode steps, batched; then the none-image run
     vision = inputs["real"].modality == "vision"
-    base = results["a=1.0"].tokens["hidden"][vision, 0]
+    base = results["alpha[a=1.0]"].tokens["hidden"][vision, 0]
     for alpha in (0.5, 2.0):
-        np.testing.assert_allclose(results[f"a={alpha}"].tokens["hidden"][vision, 0], alpha * base, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(results[f"alpha[a={alpha}]"].tokens["hidden"][vision, 0], alpha * base, rtol=1e-6, atol=1e-6)
     assert not np.allclose(results["blank"].tokens["hidden"][vision, 0], base)
 
 
@@ -195,7 +195,7 @@ store: {{path: {store}}}
     results = [m for m in messages if " | " in m]
     both = "builtin/counting/000 ... builtin/color/001 (2 samples)"
     assert sorted(results) == sorted(f"tiny-qwen3vl | {names} | {both}"
-                                     for names in ("a=1.0 + a=0.5 + a=2.0 + blank", "none")), messages
+                                     for names in ("alpha[a=1.0] + alpha[a=0.5] + alpha[a=2.0] + blank", "none")), messages
     summary = run_spec(parse_spec(text), progress=False, log=lambda _: None)
     assert summary.written == 0 and summary.skipped == 10
     assert len(workbench.open_store(store, model="tiny-qwen3vl").run) == 10

@@ -206,7 +206,7 @@ store: {{path: {tmp_path / 'swaps.zarr'}}}
 """)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0
     capsys.readouterr()
-    out = analyze(capsys, tmp_path / "swaps.zarr", "kv-substitution", "--swap", "p=keys", "--swap", "p=values")
+    out = analyze(capsys, tmp_path / "swaps.zarr", "kv-substitution", "--swap", "swap[p=keys]", "--swap", "swap[p=values]")
     ds = workbench.open_store(tmp_path / "swaps.zarr", model="tiny-smolvlm", index=False).load()
     lab = labels(ds, "run_")
     logprobs = ds.logprobs.values[:, 0].astype(np.float64)
@@ -219,12 +219,12 @@ store: {{path: {tmp_path / 'swaps.zarr'}}}
             values.append(float(entropy(np.exp(p), np.exp(q))))    # scipy renormalizes both
         return np.mean(values)
 
-    for condition in ("hybrid", "p=keys", "p=values"):
+    for condition in ("hybrid", "swap[p=keys]", "swap[p=values]"):
         printed = row_estimates(out, "tiny-smolvlm", condition)
         expected = [kl("baseline", condition), kl("blank", condition), kl("baseline", "blank")]
         for text, value in zip(printed[:3], expected):
             assert abs(float(text) - value) <= half_unit(text), (condition, text, value)
         assert abs(float(printed[3])) < 1e-6                         # the self-swap control
-    assert kl("baseline", "p=keys") != pytest.approx(kl("baseline", "p=values"), rel=1e-3)
-    assert main(["analyze", str(tmp_path / "swaps.zarr"), "--swap", "p=key"]) == 2
-    assert "--swap[0]: no condition 'p=key'" in capsys.readouterr().err
+    assert kl("baseline", "swap[p=keys]") != pytest.approx(kl("baseline", "swap[p=values]"), rel=1e-3)
+    assert main(["analyze", str(tmp_path / "swaps.zarr"), "--swap", "swap[p=key]"]) == 2
+    assert "--swap[0]: no condition 'swap[p=key]'" in capsys.readouterr().err

@@ -162,9 +162,9 @@ def test_add_random_direction_of_matched_or_given_norm(load_tiny, name):
   other: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 8}]}
   given: {interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: 7, norm: 2.5, factor: 0.5}]}
   swept:
-    sweep: {s: [7.0, 8.0]}
+    sweep: {s: [7, 8]}
     interventions: [{kind: add, site: layer, layers: [1], positions: text, direction: random, seed: $s}]""")
-    runs = {c: run(model, plan, c)[0].tokens["hidden"] for c in ("matched", "again", "other", "given", "s=7.0")}
+    runs = {c: run(model, plan, c)[0].tokens["hidden"] for c in ("matched", "again", "other", "given", "swept[s=7]")}
     inputs = LazyInputs(model, SAMPLE)
     text = np.flatnonzero(inputs["real"].modality == "text")
     clean, _ = hooked_residuals(model, inputs["real"].encoding)
@@ -182,7 +182,7 @@ def test_add_random_direction_of_matched_or_given_norm(load_tiny, name):
     ref, _ = hooked_residuals(model, inputs["real"].encoding, with_pre(pre=[(layer1, pre_hook_edit(torch.as_tensor(text), step))]))
     np.testing.assert_allclose(runs["matched"], ref, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(runs["matched"], runs["again"])
-    np.testing.assert_array_equal(runs["matched"], runs["s=7.0"])   # a swept seed is the same seed
+    np.testing.assert_array_equal(runs["matched"], runs["swept[s=7]"])   # a swept seed is the same seed
     assert np.abs(runs["other"] - runs["matched"]).max() > 1e-3
     others = np.setdiff1d(np.arange(len(inputs["real"].modality)), text)
     np.testing.assert_allclose(runs["matched"][others, 1], clean[others, 1], atol=ATOL)
@@ -394,18 +394,18 @@ store: {{path: {tmp_path / 'sweep.zarr'}}}
 """
     spec = parse_spec(text)
     swaps = {i.name: i.kv_swap for i in spec.expand_conditions() if i.kv_swap}
-    assert sorted(swaps) == ["p=keys+values,l=0.0", "p=keys+values,l=1.0", "p=keys,l=0.0", "p=keys,l=1.0"]
-    assert swaps["p=keys,l=1.0"].parts == ["keys"] and swaps["p=keys,l=1.0"].layers == [1]
-    assert swaps["p=keys+values,l=0.0"].parts == ["keys", "values"]
+    assert sorted(swaps) == ["swap[p=keys+values,l=0]", "swap[p=keys+values,l=1]", "swap[p=keys,l=0]", "swap[p=keys,l=1]"]
+    assert swaps["swap[p=keys,l=1]"].parts == ["keys"] and swaps["swap[p=keys,l=1]"].layers == [1]
+    assert swaps["swap[p=keys+values,l=0]"].parts == ["keys", "values"]
     run_spec(spec, device="cpu", dtype="float32", progress=False, log=lambda *_: None)
     import workbench
 
     ds = workbench.open_store(tmp_path / "sweep.zarr", model="tiny-qwen3vl", index=False)
     by_condition = dict(zip(ds.run_condition.values.astype(str), zip(ds.run_p.values.astype(str), ds.run_l.values)))
-    assert by_condition["p=keys,l=1.0"] == ("keys", 1.0)
+    assert by_condition["swap[p=keys,l=1]"] == ("keys", 1.0)
     assert by_condition["baseline"][0] == "" and np.isnan(by_condition["baseline"][1])
-    stored = workbench.store_info(tmp_path / "sweep.zarr")["models"]["tiny-qwen3vl"]["conditions"]["p=keys,l=1.0"]
-    assert stored["sweep"] == {"p": "keys", "l": 1.0}
+    stored = workbench.store_info(tmp_path / "sweep.zarr")["models"]["tiny-qwen3vl"]["conditions"]["swap[p=keys,l=1]"]
+    assert stored["sweep"] == {"p": "keys", "l": 1}
     assert "layers=(1,)" in stored["identity"]["kv_swap"] and "parts=('keys',)" in stored["identity"]["kv_swap"]
 
 

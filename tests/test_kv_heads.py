@@ -52,7 +52,7 @@ def test_head_cosines_equal_numpy_on_the_stored_arrays(store):
     heads = model_info("tiny-qwen3vl").kv_heads
     assert int(ds.attrs["kv_heads"]) == heads and heads > 1
     got = kv.kv_cosine_heads_per_sample(ds, cache=False).sel(modality="vision")
-    for condition in ("alpha=0.1", "alpha=3.0"):
+    for condition in ("alpha[alpha=0.1]", "alpha[alpha=3.0]"):
         for short, name in (("k", "keys"), ("v", "values")):
             expected = numpy_reference(ds, condition, name, heads)
             np.testing.assert_allclose(got[f"cos_{short}"].sel(condition=condition)

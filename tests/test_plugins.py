@@ -94,13 +94,13 @@ def test_readme_plugin_runs_locally_and_equals_plain_hooks(registry, tmp_path, m
     encoding = LazyInputs(model, sample)["real"].encoding
     limits = load_spec("specs/clamp.yaml").conditions["clamp"].sweep["limit"]
     for limit in limits:
-        stored = ds.hidden.sel(condition=f"limit={limit}").values   # (token, layer, dim)
+        stored = ds.hidden.sel(condition=f"clamp[limit={limit}]").values   # (token, layer, dim)
         expected = clamped_residuals(model, encoding, 1, limit)
         assert stored.shape == expected.shape
         np.testing.assert_allclose(stored, expected, atol=1e-5)
         assert np.abs(stored[:, 1]).max() <= limit + 1e-6          # the edited layer itself
     baseline = ds.hidden.sel(condition="baseline").values
-    assert not np.allclose(baseline[:, 2], ds.hidden.sel(condition=f"limit={limits[0]}").values[:, 2])
+    assert not np.allclose(baseline[:, 2], ds.hidden.sel(condition=f"clamp[limit={limits[0]}]").values[:, 2])
 
 
 SPEC = """\

@@ -50,8 +50,9 @@ def test_every_builtin_kind_is_one_module_registered_like_a_plugin():
 
 def test_sweepable_fields_come_from_the_kinds_models():
     swept = {name: kind.swept() for name, kind in intervention_kinds().items()}
-    assert swept == {"add": {"seed": "seed", "norm": "positive", "factor": "number"}, "normalize": {"target": "number"},
-                     "patch": {}, "scale": {"factor": "number"}, "zero": {}}
+    edit = {"positions": "positions", "layers": "layers"}  # every `InterventionSpec` selects them
+    assert swept == {"add": {**edit, "seed": "seed", "norm": "positive", "factor": "number"},
+                     "normalize": {"target": "number"}, "patch": edit, "scale": {**edit, "factor": "number"}, "zero": edit}
 
 
 def test_spec_errors_list_the_registered_kinds():

@@ -75,7 +75,7 @@ def test_analyze_does_not_print_nan_for_a_condition_without_vision(one_layer_sto
 
 @pytest.mark.parametrize("argv, message", [
     (["--reference", "basline"], "--reference: no condition 'basline' in {store} (did you mean 'baseline'?); "
-                                 "expected one of alpha=0.5, alpha=2.0, baseline, none"),
+                                 "expected one of alpha[alpha=0.5], alpha[alpha=2.0], baseline, none"),
     (["--text-only", "nnoe"], "--text-only: no condition 'nnoe' in {store} (did you mean 'none'?)"),
     (["--sweep", "alhpa"], "--sweep: no swept variable 'alhpa' in {store} (did you mean 'alpha'?); expected one of alpha"),
     (["--models", "tiny-smolvl"], "--models[0]: no model 'tiny-smolvl' in {store} (did you mean 'tiny-smolvlm'?)"),

@@ -60,7 +60,7 @@ def demo_store(tmp_path_factory, workbench_cache):
 def test_alpha_one_is_baseline_and_alpha_scales_vision_rows(demo_store, model):
     ds = workbench.open_store(demo_store, model=model)
     base = ds.sel(condition="baseline")
-    one = ds.sel(condition="alpha=1.0")
+    one = ds.sel(condition="alpha[alpha=1.0]")
     np.testing.assert_array_equal(one.hidden.values, base.hidden.values)
     for alpha in (0.5, 3.0):
         scaled = ds.sel(alpha=alpha, layer=0)
@@ -101,7 +101,7 @@ def test_rerun_resumes_without_rewriting(demo_store, capsys):
 def test_info_and_validate(demo_store, capsys):
     assert main(["info", str(demo_store)]) == 0
     out = capsys.readouterr().out
-    assert "tiny-smolvlm" in out and "alpha=3.0" in out and "workbench verify" in out
+    assert "tiny-smolvlm" in out and "alpha[alpha=3.0]" in out and "workbench verify" in out
     assert main(["validate", str(demo_store.parent / "store.zarr.yaml"), "--models-check"]) == 0
 
 

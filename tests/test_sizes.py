@@ -210,8 +210,8 @@ def test_a_million_samples_start_running_without_being_held(tmp_path):
     def first_runs() -> None:
         runs = list(itertools.islice(pending_runs(plans, SampleStream(spec.data), done), 8))
         assert [(s.id, c.name) for _, s, c in runs[:5]] == [
-            ("builtin/counting/000", "baseline"), ("builtin/counting/000", "alpha=0.0"),
-            ("builtin/counting/000", "alpha=1.0"), ("builtin/counting/000", "alpha=2.0"),
+            ("builtin/counting/000", "baseline"), ("builtin/counting/000", "alpha[alpha=0]"),
+            ("builtin/counting/000", "alpha[alpha=1]"), ("builtin/counting/000", "alpha[alpha=2]"),
             ("builtin/color/001", "baseline")]
 
     assert traced_peak(first_runs) < 5 << 20  # two samples' images, not a million

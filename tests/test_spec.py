@@ -97,19 +97,19 @@ def test_sweep_expansion_names_and_substitution():
     assert [c.name for c in instances] == [
         "baseline",
         "blank",
-        "alpha=0.1",
-        "alpha=1.0",
-        "alpha=3.0",
-        "x=1.0,y=0.01",
-        "x=2.0,y=0.01",
+        "alpha[alpha=0.1]",
+        "alpha[alpha=1.0]",
+        "alpha[alpha=3.0]",
+        "grid[x=1,y=0.01]",
+        "grid[x=2,y=0.01]",
         "patched",
     ]
     by_name = {c.name: c for c in instances}
-    assert by_name["alpha=3.0"].base == "alpha"
-    assert by_name["alpha=3.0"].sweep == {"alpha": 3.0}
-    assert by_name["alpha=0.1"].interventions[0].factor == 0.1
-    grid = by_name["x=2.0,y=0.01"]
-    assert grid.sweep == {"x": 2.0, "y": 0.01}
+    assert by_name["alpha[alpha=3.0]"].base == "alpha"
+    assert by_name["alpha[alpha=3.0]"].sweep == {"alpha": 3.0}
+    assert by_name["alpha[alpha=0.1]"].interventions[0].factor == 0.1
+    grid = by_name["grid[x=2,y=0.01]"]
+    assert grid.sweep == {"x": 2, "y": 0.01}  # an integer stays one (it may be a layer or a position)
     assert grid.interventions[0].factor == 2.0
     assert grid.interventions[1].target == 0.01
     assert by_name["baseline"].sweep == {} and by_name["baseline"].interventions == ()
@@ -134,7 +134,8 @@ def test_defaults():
 def test_demo_spec_loads():
     spec = load_spec(REPO / "specs" / "demo.yaml")
     assert spec.models == ["tiny-smolvlm", "tiny-qwen3vl"]
-    assert [c.name for c in spec.expand_conditions()] == ["baseline", "alpha=0.1", "alpha=1.0", "alpha=3.0"]
+    assert [c.name for c in spec.expand_conditions()] == ["baseline", "scale[alpha=0.1]", "scale[alpha=1.0]",
+                                                          "scale[alpha=3.0]"]
     assert spec.data.n == 4
 
 
@@ -226,7 +227,7 @@ BAD_SPECS = {
         mutate("{kind: zero, site: layer, layers: [1]}", "{kind: scale, site: layer, factor: $alpha}"),
         "conditions.patched.interventions[1].factor",
         24,
-        "'$alpha' is not defined; expected a number, or add 'sweep: {alpha: [...]}'",
+        "'$alpha' is not defined; expected a value, or add 'sweep: {alpha: [...]}'",
     ),
     "patch from a missing condition": (
         mutate("embed, from: blank", "embed, from: blnk"),
@@ -327,12 +328,6 @@ BAD_SPECS = {
     ),
     "bad dtype": (mutate("dtype: float32", "dtype: fp32"), "backend.dtype", 31, "expected one of 'auto', 'float32', 'bfloat16', 'float16'"),
     "zero max_new_tokens": (mutate("max_new_tokens: 2", "max_new_tokens: 0"), "generate.max_new_tokens", 29, "expected an integer >= 1"),
-    "clashing sweep names": (
-        mutate("capture:\n", "  beta:\n    sweep: {alpha: [3]}\ncapture:\n"),
-        "conditions.beta.sweep",
-        27,
-        "expands to 'alpha=3.0', which condition 'alpha' also produces",
-    ),
 }
 
 
@@ -567,12 +562,13 @@ NEW_FIELD_ERRORS = {
                      "got 'key' (str) (did you mean 'keys'?); expected one of 'keys', 'values'"),
     "empty parts": ("    kv_swap: {donor: blank, parts: []}", "conditions.c.kv_swap.parts",
                     "got an empty list; expected a list of 'keys', 'values'"),
-    "numbers for a parts sweep": ("    sweep: {p: [1.0]}\n    kv_swap: {donor: blank, parts: $p}", "conditions.c.sweep.p",
-                                  "expected every value of 'p' to be a kv_swap part set"),
+    "numbers for a parts sweep": ("    sweep: {p: [1.0]}\n    kv_swap: {donor: blank, parts: $p}",
+                                  "conditions.c[p=1.0].kv_swap.parts", "got 1.0 (float); expected a list of 'keys', 'values'"),
     "unknown part set": ("    sweep: {p: [keys, value]}\n    kv_swap: {donor: blank, parts: $p}", "conditions.c.sweep.p[1]",
-                         "got 'value' (str) (did you mean 'values'?); expected a number or one of 'keys', 'values', 'keys+values'"),
-    "fractional layer sweep": ("    sweep: {l: [0.5]}\n    kv_swap: {donor: blank, layers: [$l]}", "conditions.c.sweep.l",
-                               "expected every value of 'l' to be a layer index (an integer >= 0)"),
+                         "got 'value' (str) (did you mean 'values'?); expected a number or one of 'vision', 'text', "
+                         "'boundary', 'all', 'keys', 'values', 'keys+values'"),
+    "fractional layer sweep": ("    sweep: {l: [0.5]}\n    kv_swap: {donor: blank, layers: [$l]}", "conditions.c[l=0.5].kv_swap.layers[0]",
+                               "got 0.5 (float); expected a layer index (an integer >= 0)"),
     "undefined layer var": ("    kv_swap: {donor: blank, layers: [$l]}", "conditions.c.kv_swap.layers[0]", "'$l' is not defined"),
     "random and a vector": ("    interventions: [{kind: add, site: layer, direction: random, vector: [1.0]}]",
                             "conditions.c.interventions[0]",
@@ -586,9 +582,9 @@ NEW_FIELD_ERRORS = {
     "zero norm": ("    interventions: [{kind: add, site: layer, direction: random, norm: 0}]",
                   "conditions.c.interventions[0].norm", "got 0 (int); expected a number > 0, 'matched'"),
     "fractional seed sweep": ("    sweep: {s: [1.5]}\n    interventions: [{kind: add, site: layer, direction: random, seed: $s}]",
-                              "conditions.c.sweep.s", "expected every value of 's' to be a seed (an integer >= 0)"),
+                              "conditions.c[s=1.5].interventions[0].seed", "got 1.5 (float); expected a seed (an integer >= 0)"),
     "negative norm sweep": ("    sweep: {n: [1.0, -2.0]}\n    interventions: [{kind: add, site: layer, direction: random, norm: $n}]",
-                            "conditions.c.sweep.n", "expected every value of 'n' to be a number > 0"),
+                            "conditions.c[n=-2.0].interventions[0].norm", "got -2.0 (float); expected a number > 0"),
 }
 
 

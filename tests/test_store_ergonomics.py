@@ -56,17 +56,17 @@ def test_readable_labels_are_stored(store, load_tiny):
 def test_xarray_idioms(store, tmp_path):
     ds = workbench.open_store(store, model="tiny-qwen3vl")
     conditions = np.array([str(c) for c in ds.condition.values])
-    picked = ds.isel(token=ds.condition.isin(["baseline", "alpha=0.5"]).values)
-    assert set(str(c) for c in picked.condition.values) == {"baseline", "alpha=0.5"}
-    assert picked.sizes["token"] == int(np.isin(conditions, ["baseline", "alpha=0.5"]).sum())
+    picked = ds.isel(token=ds.condition.isin(["baseline", "alpha[alpha=0.5]"]).values)
+    assert set(str(c) for c in picked.condition.values) == {"baseline", "alpha[alpha=0.5]"}
+    assert picked.sizes["token"] == int(np.isin(conditions, ["baseline", "alpha[alpha=0.5]"]).sum())
     ranged = ds.isel(token=((ds.alpha >= 0) & (ds.alpha <= 1)).values)
-    assert set(str(c) for c in ranged.condition.values) == {"alpha=0.5"}
+    assert set(str(c) for c in ranged.condition.values) == {"alpha[alpha=0.5]"}
 
     flat = workbench.open_store(store, model="tiny-qwen3vl", index=False)
     means = flat.hidden.sel(layer=0).groupby(["condition", "modality"]).mean()
     vision = flat.hidden.sel(layer=0).values[(conditions == "baseline") & (flat.modality.values == "vision")]
     np.testing.assert_allclose(means.sel(condition="baseline", modality="vision").values, vision.mean(0), rtol=1e-5)
-    assert set(str(c) for c in flat.query(token="alpha < 1").condition.values) == {"alpha=0.5"}
+    assert set(str(c) for c in flat.query(token="alpha < 1").condition.values) == {"alpha[alpha=0.5]"}
     flat.to_netcdf(tmp_path / "copy.nc")
     flat.chunk(token=64, run=64).to_zarr(tmp_path / "copy.zarr", mode="w")
     back = xr.open_zarr(tmp_path / "copy.zarr").load()

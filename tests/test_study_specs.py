@@ -56,7 +56,7 @@ def test_study_stores_hold_what_the_analyses_need(study_stores):
     assert sorted(set(alpha.alpha.values[~np.isnan(alpha.alpha.values)])) == [0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 1.0, 3.0]
     for name in ("keys", "values", "decode_attention", "prefill_vision_mass", "logprobs"):
         assert name in alpha
-    one = alpha.logprobs.sel(run_condition="alpha=1.0").values
+    one = alpha.logprobs.sel(run_condition="scale[alpha=1.0]").values
     np.testing.assert_allclose(one, alpha.logprobs.sel(run_condition="baseline").values, atol=1e-6)
     swap = workbench.open_store(study_stores["kv_swap"], model="tiny-qwen3vl")
     assert set(swap.run_condition.values) == {"baseline", "blank", "self_swap", "hybrid"}
@@ -72,9 +72,9 @@ def test_analyses_on_runner_stores_alpha_one_and_self_swap_are_null(study_stores
         ds = workbench.open_store(study_stores["alpha_sweep"], model=model)
         kl = logits.logit_kl(ds, "baseline").sel(stat="value")
         rank = logits.median_rank(ds, "baseline").sel(stat="value")
-        assert float(kl.sel(condition="alpha=1.0")) == 0.0
-        assert float(rank.sel(condition="alpha=1.0")) == 0.0
-        assert float(kl.sel(condition="alpha=0.01")) > 0.0
+        assert float(kl.sel(condition="scale[alpha=1.0]")) == 0.0
+        assert float(rank.sel(condition="scale[alpha=1.0]")) == 0.0
+        assert float(kl.sel(condition="scale[alpha=0.01]")) > 0.0
     store = tmp_path / "self_swap.zarr"
     spec = tmp_path / "self_swap.yaml"
     spec.write_text((SPECS / "kv_swap.yaml").read_text().replace(

@@ -49,7 +49,7 @@ def test_trajectories_equal_numpy(sweep_store):
     per_sample = vision_trajectories(ds, per_sample=True, cache=False)
     summary = vision_trajectories(ds, n_resamples=100, seed=2, cache=False)
     for alpha in ALPHAS:
-        name = f"alpha={alpha}"
+        name = f"alpha[alpha={alpha}]"
         norms, cosines = [], []
         for s in sorted(set(sample)):
             mine = hidden[(condition == name) & (sample == s) & (modality == "vision")]
@@ -63,8 +63,8 @@ def test_trajectories_equal_numpy(sweep_store):
             np.testing.assert_allclose(summary[measure].sel(condition=name).values,
                                        bootstrap_array(expected, n_resamples=100, seed=2), rtol=1e-9, atol=1e-12)
     # α = 1 is the reference itself; α = 3 moves the vision tokens off its direction after layer 0
-    np.testing.assert_allclose(per_sample["cos_reference"].sel(condition="alpha=1.0").values, 1.0, atol=1e-6)
-    assert (per_sample["cos_reference"].sel(condition="alpha=3.0").isel(layer=slice(1, None)) < 1 - 1e-4).any()
+    np.testing.assert_allclose(per_sample["cos_reference"].sel(condition="alpha[alpha=1.0]").values, 1.0, atol=1e-6)
+    assert (per_sample["cos_reference"].sel(condition="alpha[alpha=3.0]").isel(layer=slice(1, None)) < 1 - 1e-4).any()
 
 
 def test_trajectories_table_and_figure(sweep_store, tmp_path):

@@ -104,7 +104,7 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
         "vision tokens = image-token positions", "PASS" if expected == labelled and expected > 0 else "FAIL",
         f"{labelled} labelled vision, {expected} positions hold the config's image token id {image_token}"))
 
-    one = ConditionPlan("alpha=1", {"alpha": 1.0}, "real", (Scale("projector", "vision", factor=1.0),))
+    one = ConditionPlan("scale[alpha=1.0]", {"alpha": 1.0}, "real", (Scale("projector", "vision", factor=1.0),))
     scaled = run_condition(model, by_image, one, plan).tokens["hidden"]
     diff = float(np.abs(scaled - ours).max())
     results.append(CheckResult("alpha = 1 equals the baseline", "PASS" if diff == 0 else "FAIL",

@@ -9,7 +9,9 @@ An intervention kind is two classes registered together:
   ``resolve(model)`` (defaults taken from the model, e.g. `normalize`'s target).
 
 ``@register_intervention(MySpec, ...)`` on the runtime class declares the kind: from then on the
-spec accepts it (sweepable fields included), ``workbench validate`` checks it against each
+spec accepts it (sweepable fields included: a field whose type carries a `Swept` marker, such as
+`NumberOrVar` or `InterventionSpec`'s `LayersOrVar` / `PositionsOrVar`, takes a '$variable', and
+each run of a sweep is validated by the kind's model with its values in place), ``workbench validate`` checks it against each
 model, and runs apply it. The built-in kinds are declared this way too, one module each under
 ``workbench/interventions/``. A spec loads other modules with ``plugins: [mylab.interventions]``;
 installed packages may declare theirs under the entry-point group ``workbench.plugins``.
@@ -34,12 +36,13 @@ from typing import Any, Callable, TypeVar, get_args
 
 from .errors import BadInputError
 from .interventions.base import Intervention
-from .spec.fields import Layers, Number, NumberOrVar, Positions, Site, Swept
+from .spec.fields import Layers, LayersOrVar, Number, NumberOrVar, Positions, PositionsOrVar, Site, Swept
 from .sites import Site, register_site
 from .spec.kinds import InterventionSpec, KindSpec, swept_fields
 
 __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "register_intervention",
-           "intervention_kinds", "load_plugin", "Layers", "Number", "NumberOrVar", "Positions", "Site", "Swept",
+           "intervention_kinds", "load_plugin", "Layers", "LayersOrVar", "Number", "NumberOrVar", "Positions",
+           "PositionsOrVar", "Site", "Swept",
            "ENTRY_POINT_GROUP", "Site", "register_site"]
 
 ENTRY_POINT_GROUP = "workbench.plugins"
@@ -79,8 +82,9 @@ class InterventionKind:
         return self.builtin
 
     def swept(self) -> dict[str, str]:
-        """{field: what its sweep values must be} of the fields that take a '$variable'."""
-        return swept_fields(self.spec)
+        """{field: what it holds} of the fields that take a '$variable': those whose type carries
+        a `Swept` marker (`NumberOrVar`, `LayersOrVar`, `PositionsOrVar`, or a kind's own)."""
+        return {name: marker.kind for name, marker in swept_fields(self.spec).items()}
 
     def source_of(self, raw: Any) -> tuple[str, str] | None:
         """(field name as the spec writes it, condition) of the source `raw` reads, if any."""

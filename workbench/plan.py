@@ -7,14 +7,15 @@ spec error, before anything runs or is written.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, overload
+from typing import Any, Callable, Iterable, Iterator, overload
 
 from .capture import CapturePlan, PatchCapture
 from .records import Record
 from .extend import InterventionKind, intervention_kinds
 from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
-from .spec import CAPTURE_SITES, EDITABLE_SITES, Problem, SpecError
+from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
+from .spec.sweeps import unbracketed
 
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
@@ -77,15 +78,31 @@ class ModelPlan(Record):
 
 
 class _Checker:
-    """Collects (spec path, message) problems for one model."""
+    """Collects (spec path, message) problems for one model. A problem in a swept run is located
+    at the run (conditions.steer[c=0.5]...); one that every run of its condition shares is
+    reported once, at the condition."""
 
     def __init__(self, info: Any):
         self.info = info
-        # each once: a sweep's runs repeat their condition's problems
-        self.problems: dict[tuple[SpecPath, str], None] = {}
+        # (path at the condition, message) -> (path as first found, how many runs found it)
+        self.found: dict[tuple[SpecPath, str], tuple[SpecPath, int]] = {}
 
     def add(self, path: SpecPath, message: str) -> None:
-        self.problems[(path, message)] = None
+        key = (tuple(getattr(part, "base", part) for part in path), message)
+        first, count = self.found.get(key, (path, 0))
+        self.found[key] = (first, count + 1)
+
+    def problems(self, runs: Callable[[str], int]) -> list[tuple[SpecPath, str]]:
+        """(path, message) of each problem; `runs(condition)`: how many runs it expands to."""
+        out = []
+        for (at_condition, message), (first, count) in self.found.items():
+            base = getattr(first[1], "base", None) if len(first) > 1 else None
+            if base is None or count >= runs(base):
+                out.append((at_condition, message))
+            else:
+                more = f" (and {count - 1} more runs of '{base}')" if count > 1 else ""
+                out.append((first, message + more))
+        return out
 
     def layers(self, value: Any, path: SpecPath, top: int, vision: bool = False) -> tuple[int, ...]:
         """Layer indices 0..top ('all' expands); out-of-range ones are problems."""
@@ -144,7 +161,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
 def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
     kinds = intervention_kinds()
     items = []
-    base: SpecPath = ("conditions", instance.base, "interventions")
+    base: SpecPath = ("conditions", instance.key, "interventions")
     for j, raw in enumerate(instance.interventions):
         path = base + (j,)
         if not check.site(raw.site, path + ("site",), EDITABLE_SITES, f"edited by '{raw.kind}'"):
@@ -207,7 +224,7 @@ def _deepstack_order(instance: Any, capture: CapturePlan, check: _Checker) -> No
         site_entry(raw.site).access == "patches" for raw in instance.interventions)
     for j, raw in enumerate(instance.interventions):
         if vision and raw.site in ("projector", "projector.deepstack"):
-            check.add(("conditions", instance.base, "interventions", j, "site"),
+            check.add(("conditions", instance.key, "interventions", j, "site"),
                       f"{check.info.arch.family}'s DeepStack mergers run inside the vision tower: an edit of "
                       f"{raw.site!r} cannot share a run with the vision / vision_layer sites; expected "
                       "projector.merger here, or the vision sites in another spec")
@@ -233,11 +250,13 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
     check = _Checker(info)
     capture = _capture_plan(spec, check)
     images = _images(spec)
-    for instance in spec.expand_conditions():
+    space = spec.expand_conditions()
+    for instance in space:
         _compile_condition(instance, info, capture, images, check)
-    if check.problems:
-        raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in check.problems], spec.source)
-    return ModelPlan(info=info, conditions=PlanConditions(spec.expand_conditions(), info, capture, images),
+    problems = check.problems(space.runs_of)
+    if problems:
+        raise PlanError([spec.problem(p, f"{info.model_id}: {m}") for p, m in problems], spec.source)
+    return ModelPlan(info=info, conditions=PlanConditions(space, info, capture, images),
                      capture=capture, batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
 
 
@@ -249,7 +268,7 @@ def _images(spec: Any) -> dict[str, str]:
 
 def _compile_condition(instance: Any, info: Any, capture: CapturePlan, images: dict[str, str],
                        check: _Checker) -> ConditionPlan:
-    base: SpecPath = ("conditions", instance.base)
+    base: SpecPath = ("conditions", instance.key)
     if instance.image != "real" and not info.arch.is_multimodal:
         check.add(base + ("image",), "a text-only model takes no image; expected real")
     kv_swap = None
@@ -323,6 +342,23 @@ def condition_names(conditions: Any) -> Iterator[str]:
     return names() if names else (c.name for c in conditions)
 
 
+def renamed_runs(held: Iterable[str], conditions: Any) -> str | None:
+    """Why a store cannot be resumed with these conditions, if it holds swept runs under the names
+    a store written before runs were named after their condition gave them ('c=0.5' for
+    'steer[c=0.5]': no '['; a condition's own name holds no '='). Resuming would store every such
+    run again under its new name, so it is refused; the store still opens and analyses as it is
+    (analyses read the swept values, `analyses.streaming.Layout.sweep`)."""
+    old = sorted(name for name in held if "=" in name and "[" not in name)
+    if not old:
+        return None
+    now = {unbracketed(name): name for name in condition_names(conditions) if name.endswith("]")}
+    pairs = [f"'{name}' is now '{now[name]}'" for name in old if name in now][:3]
+    example = "; ".join(pairs) if pairs else f"e.g. '{old[0]}'"
+    return (f"the store holds {len(old)} swept run(s) named without their condition ({example}): a swept "
+            "run is named '<condition>[<variable>=<value>,...]', so resuming would store these runs again "
+            "under the new names")
+
+
 def explicit_positions(spec: Any) -> bool:
     """Whether any condition names token positions by index (then sequence lengths matter)."""
     for instance in spec.expand_conditions():
@@ -335,17 +371,19 @@ def explicit_positions(spec: Any) -> bool:
 def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
     """Refuse explicit positions beyond a sample's sequence. `lengths[image_mode]` holds
     (sample id, number of tokens) of every sample's prompt in that image mode."""
-    problems: dict[Problem, None] = {}  # each once: a sweep's runs repeat their condition's problems
-    for instance in spec.expand_conditions():
+    check = _Checker(info)
+    space = spec.expand_conditions()
+    for instance in space:
         sample, n = min(lengths[instance.image], key=lambda item: item[1])
-        base: SpecPath = ("conditions", instance.base)
+        base: SpecPath = ("conditions", instance.key)
         entries = [(base + ("interventions", j, "positions"), getattr(raw, "positions", "all"), n)
                    for j, raw in enumerate(instance.interventions)]
         if instance.kv_swap is not None:  # the swap edits the cache of all but the last token
             entries.append((base + ("kv_swap", "positions"), instance.kv_swap.positions, n - 1))
         for path, positions, limit in entries:
             if not isinstance(positions, str) and positions and max(positions) >= limit:
-                problems[spec.problem(path, f"{info.model_id}: position {max(positions)} is out of range for "
-                                                   f"sample {sample!r} ({limit} positions); expected positions < {limit}")] = None
+                check.add(path, f"{info.model_id}: position {max(positions)} is out of range for sample {sample!r} "
+                          f"({limit} positions); expected positions < {limit}")
+    problems = check.problems(space.runs_of)
     if problems:
-        raise PlanError(list(problems), spec.source)
+        raise PlanError([spec.problem(p, m) for p, m in problems], spec.source)

@@ -54,7 +54,7 @@ def resume_state(store: StoreWriter, spec: Spec, plans: list[ModelPlan], hashes:
     condition the store holds against this run (`hashes`: sample id -> input hash):
     StoreIdentityError, before any model loads, where a condition's identity or a stored sample's
     input changed."""
-    from .plan import condition_names
+    from .plan import condition_names, renamed_runs
     from .store import StoreIdentityError
 
     state = ResumeState(repairs=store.repairs + store.repair(set(hashes)))
@@ -62,6 +62,10 @@ def resume_state(store: StoreWriter, spec: Spec, plans: list[ModelPlan], hashes:
         log(f"repaired: {repair}")
     for plan in plans:  # only the conditions the store holds: a sweep's names are generated, not held
         held = store.committed_conditions(plan.info.model_id)
+        renamed = renamed_runs(held, plan.conditions)
+        if renamed:
+            raise StoreIdentityError(f"{plan.info.model_id}: {renamed}",
+                                     hint="write to a new store (--store); this one still opens and analyses as it is")
         for i, name in enumerate(condition_names(plan.conditions)):
             if name not in held:
                 continue

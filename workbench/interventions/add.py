@@ -15,14 +15,14 @@ from pydantic import PlainValidator, model_validator
 
 from ..extend import InterventionSpec, register_intervention
 from ..sites import to_device
-from ..spec.fields import (ADD_DIRECTIONS, RANDOM_NORMS, _VAR_REF_RE, ConditionName, Number, NumberOrVar, Swept,
-                           _as_float, _fail, _one_of)
+from ..spec.fields import (ADD_DIRECTIONS, RANDOM_NORMS, ConditionName, Number, NumberOrVar, Swept, _as_float,
+                           _fail, _one_of, is_var)
 from ..spec.problems import _got, _quoted
 from .base import Intervention
 
 
 def _seed_or_var(value: Any) -> int | str:
-    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+    if is_var(value):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -30,7 +30,7 @@ def _seed_or_var(value: Any) -> int | str:
 
 
 def _random_norm(value: Any) -> float | str:
-    if isinstance(value, str) and (value in RANDOM_NORMS or _VAR_REF_RE.fullmatch(value)):
+    if isinstance(value, str) and (value in RANDOM_NORMS or is_var(value)):
         return value
     number = _as_float(value, f"a number > 0, {_quoted(RANDOM_NORMS)} or a '$variable'")
     if number <= 0:

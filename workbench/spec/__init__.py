@@ -15,7 +15,8 @@ The package, one concern a module (the flow of :func:`parse_spec`):
 - ``fields``: the vocabulary (sites, models, data sources, ...) and one validator per kind of field;
 - ``kinds``: the bases of an intervention kind's fields, and the validator that finds an entry's kind
   in the registry (`workbench.extend`);
-- ``schema``: the pydantic models, the checks across fields and the expansion of sweeps;
+- ``schema``: the pydantic models and the checks across fields;
+- ``sweeps``: a condition's sweep (a product, `zip` groups), its runs, their names and their validation;
 - ``translate``: pydantic errors into located problems with "did you mean";
 - ``problems``: :class:`Problem`, :class:`SpecError` and the phrases of every message;
 - ``overrides``: the command line's overrides (``--models``, ``--data``, ``--limit``, ...);

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal, NoReturn, Sequence, Union
+from typing import Annotated, Any, Callable, Literal, Mapping, NoReturn, Sequence, Union
 
 from pydantic import AfterValidator, Field, PlainValidator
 from pydantic_core import PydanticCustomError
@@ -50,6 +50,8 @@ RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site
 # by '+' ("keys+values"), so `parts: $p` with `sweep: {p: [keys, values]}` sweeps them.
 KV_PARTS = ("keys", "values")
 KV_PART_SETS = ("keys", "values", "keys+values")
+# the words a sweep may list: what a swept positions or kv_swap parts field takes
+SWEEP_WORDS = POSITION_GROUPS + KV_PART_SETS
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -57,15 +59,39 @@ _VAR_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 class Swept:
-    """An `Annotated` marker: the field may hold a '$variable' of the condition's sweep, whose
-    values must each be `kind` (a key of `workbench.spec.schema._SWEEP_KINDS`: "number",
-    "seed", "positive", ...)."""
+    """An `Annotated` marker: the field may hold a '$variable' of the condition's sweep, as its
+    whole value or, for a list field, as items. `kind` says what the field holds ("number",
+    "layers", ...: `workbench.extend.InterventionKind.swept`); `fit` turns a sweep value given as
+    the whole field into what the field holds (a layer 3 into [3], "keys+values" into a list).
+    Each expanded run's entry is validated again with its values in place, as if hand-written."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, fit: Callable[[Any], Any] | None = None):
         self.kind = kind
+        self.fit = fit or (lambda value: value)
+
+    def place(self, value: Any, assignment: Mapping[str, Any]) -> Any:
+        """`value` (as the spec holds it) with every '$variable' in `assignment` replaced."""
+        if is_var(value):
+            return self.fit(assignment[value[1:]]) if value[1:] in assignment else value
+        if isinstance(value, list):
+            return [assignment.get(v[1:], v) if is_var(v) else v for v in value]
+        return value
+
+    def refs(self, value: Any) -> list[tuple[SpecPath, str]]:
+        """(sub-path in the field, variable name) of each '$variable' `value` holds."""
+        if is_var(value):
+            return [((), value[1:])]
+        if isinstance(value, list):
+            return [((i,), v[1:]) for i, v in enumerate(value) if is_var(v)]
+        return []
 
     def __repr__(self) -> str:
         return f"Swept({self.kind!r})"
+
+
+def is_var(value: Any) -> bool:
+    """Whether `value` is a '$variable' reference."""
+    return isinstance(value, str) and _VAR_REF_RE.fullmatch(value) is not None
 
 
 # --------------------------------------------------------------------------- field validators
@@ -109,13 +135,13 @@ _VAR_EXPECTED = "a number or a '$variable' from this condition's sweep"
 
 
 def _number_or_var(value: Any) -> float | str:
-    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+    if is_var(value):
         return value
     return _as_float(value, _VAR_EXPECTED)
 
 
 def _normalize_target(value: Any) -> float | str:
-    if isinstance(value, str) and (value in NORMALIZE_TARGETS or _VAR_REF_RE.fullmatch(value)):
+    if isinstance(value, str) and (value in NORMALIZE_TARGETS or is_var(value)):
         return value
     return _as_float(value, "a number, a '$variable', or 'text_embedding_mean'")
 
@@ -193,23 +219,38 @@ def _layers(value: Any) -> str | list[int]:
     _fail(f"{_got(value)}; expected 'all' or a list of layer indices (integers >= 0)")
 
 
-def _swap_layers(value: Any) -> str | list[int | str]:
-    """kv_swap layers: like `layers`, and any item may be a '$variable' (one layer per value)."""
-    if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
-        return _layers(value)
-    problems = [((i,), f"{_got(v)}; expected a layer index (an integer >= 0) or a '$variable'")
-                for i, v in enumerate(value) if isinstance(v, str) and not _VAR_REF_RE.fullmatch(v)]
-    if problems:
-        _fail_many(problems)
-    indices = [v for v in value if not isinstance(v, str)]
-    if indices:
-        _index_list(indices, "layer index")
-    return list(value)
+def _with_vars(check: Any, expected: str) -> Any:
+    """A list-or-word validator that also takes a '$variable' as the whole value or as list items
+    (each expanded run is validated again with the values in place: `Swept`)."""
+
+    def validate(value: Any) -> Any:
+        if is_var(value):
+            return value
+        if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
+            return check(value)
+        problems = [((i,), f"{_got(v)}; expected {expected} or a '$variable'")
+                    for i, v in enumerate(value) if isinstance(v, str) and not is_var(v)]
+        if problems:
+            _fail_many(problems)
+        given = [v for v in value if not isinstance(v, str)]
+        if given:
+            check(given)
+        return list(value)
+
+    return validate
+
+
+def _one_layer(value: Any) -> Any:
+    return [value] if _is_number(value) else value  # `layers: $l`: one layer per run
+
+
+def _one_position(value: Any) -> Any:
+    return [value] if _is_number(value) else value  # `positions: $p`: a group, or one token position
 
 
 def _kv_parts(value: Any) -> list[str] | str:
     """kv_swap parts: a non-empty list of 'keys'/'values', or a '$variable' sweeping part sets."""
-    if isinstance(value, str) and _VAR_REF_RE.fullmatch(value):
+    if is_var(value):
         return value
     expected = f"a list of {_quoted(KV_PARTS)} (e.g. [keys] or [keys, values]) or a '$variable'"
     if not isinstance(value, list) or not value:
@@ -249,20 +290,23 @@ def _finite_number(value: Any) -> bool:
         return False
 
 
-def _sweep_values(value: Any) -> list[float] | list[str]:
-    """A sweep's values: numbers, or names of kv_swap part sets ('keys', 'values', 'keys+values')."""
+def _sweep_values(value: Any) -> list[float] | list[int] | list[str]:
+    """A sweep's values: numbers (an integer stays one: a layer or a token position), or words (a
+    position group, a kv_swap part set)."""
     if not isinstance(value, list):
-        _fail(f"{_got(value)}; expected a list of numbers (or of {_quoted(KV_PART_SETS)} for kv_swap parts)")
+        _fail(f"{_got(value)}; expected a list of numbers (or of {_quoted(SWEEP_WORDS)})")
     if not value:
         _fail("got an empty list; expected at least 1 value")
     words = all(isinstance(v, str) for v in value)
-    problems = [((i,), f"{_got(v)}{_did_you_mean(v, KV_PART_SETS) if words else ''}; expected a number"
-                 + (f" or one of {_quoted(KV_PART_SETS)}" if words else ""))
+    mixed = not words and any(isinstance(v, str) for v in value)  # one coordinate type per variable
+    problems = [((i,), f"{_got(v)}{_did_you_mean(v, SWEEP_WORDS) if words else ''}; expected a number"
+                 + (f" or one of {_quoted(SWEEP_WORDS)}" if words else "")
+                 + (" (a sweep's values are all numbers or all words)" if mixed else ""))
                 for i, v in enumerate(value)
-                if (v not in KV_PART_SETS if words else not _finite_number(v))]
+                if (v not in SWEEP_WORDS if words else not _finite_number(v))]
     if problems:
         _fail_many(problems)
-    return list(value) if words else [float(v) for v in value]
+    return list(value) if words else [v if isinstance(v, int) else float(v) for v in value]
 
 
 def _distinct_values(values: list[float]) -> list[float]:
@@ -281,6 +325,13 @@ Number = Annotated[float, PlainValidator(_number)]
 NumberOrVar = Annotated[Union[float, str], PlainValidator(_number_or_var), Swept("number")]
 Positions = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[int]], PlainValidator(_positions)]
 Layers = Annotated[Union[Literal["all"], list[int]], PlainValidator(_layers)]
+# an edit's positions and layers: a '$variable' as the whole value or as list items
+PositionsOrVar = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[Union[int, str]], str],
+                           PlainValidator(_with_vars(_positions, "a token position (an integer >= 0)")),
+                           Swept("positions", _one_position)]
+LayersOrVar = Annotated[Union[Literal["all"], list[Union[int, str]], str],
+                        PlainValidator(_with_vars(_layers, "a layer index (an integer >= 0)")),
+                        Swept("layers", _one_layer)]
 Site = Annotated[Literal[KNOWN_SITES], _one_of(KNOWN_SITES)]
 SpecName = Annotated[str, _name_of("spec name")]
 ConditionName = Annotated[str, _name_of("condition name")]

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
-from .fields import Layers, Positions, Site, Swept, _fail, _fail_many
+from .fields import LayersOrVar, PositionsOrVar, Site, Swept, _fail, _fail_many
 from .problems import SpecPath, _did_you_mean, _got, _quoted
 
 
@@ -28,15 +28,15 @@ class KindSpec(SpecModel):
 
 
 class InterventionSpec(KindSpec):
-    """An entry that selects positions and, at per-layer sites, layers."""
+    """An entry that selects positions and, at per-layer sites, layers (either may be swept)."""
 
-    positions: Positions = "all"
-    layers: Layers = "all"  # only meaningful for per-layer sites
+    positions: PositionsOrVar = "all"
+    layers: LayersOrVar = "all"  # only meaningful for per-layer sites
 
 
-def swept_fields(model: type[BaseModel]) -> dict[str, str]:
-    """{field: what its sweep values must be} of the fields annotated with a `Swept` marker."""
-    return {name: marker.kind for name, info in model.model_fields.items()
+def swept_fields(model: type[BaseModel]) -> dict[str, Swept]:
+    """{field: its `Swept` marker} of the fields whose type declares that they take a '$variable'."""
+    return {name: marker for name, info in model.model_fields.items()
             for marker in info.metadata if isinstance(marker, Swept)}
 
 

@@ -1,17 +1,14 @@
 """The spec schema: the pydantic models (:class:`Spec` and its sections; each intervention entry
 is validated by its kind's model, declared in `workbench.extend`), the checks across fields (condition references,
-source cycles, site roles, sweep name clashes) and the expansion of sweeps into
-:class:`ConditionInstance`s."""
+source cycles, site roles, each swept run's values) and the runs a spec expands to
+(`workbench.spec.sweeps`)."""
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
 import re
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable, Iterator, Literal, Sequence, Union, overload
+from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import (
     AfterValidator,
@@ -28,30 +25,30 @@ from .fields import (
     DATBENCH_CONFIGS,
     EDITABLE_SITES,
     IMAGE_MODES,
-    KV_PART_SETS,
     ConditionName,
     Layers,
+    LayersOrVar,
     ModelRef,
     NonNegativeFloat,
     NonNegativeInt,
     PathString,
     Positions,
+    PositionsOrVar,
     PositiveInt,
+    Swept,
     Site,
     SpecName,
-    SweepValues,
-    VarName,
     _fail,
     _fail_many,
-    _is_number,
     _kv_parts,
     _one_of,
-    _swap_layers,
     _unique_models,
 )
 from .kinds import InterventionEntry
 from .kinds import SpecModel as _Model
-from .problems import Problem, SpecPath, _did_you_mean, _dotted, _got, _quoted
+from .problems import Problem, SpecPath, _did_you_mean, _got
+from .sweeps import (ConditionInstance, ConditionSpace, run_count, sweep_axes, sweep_section,
+                     undefined_var_message, value_problems, var_refs, variables)
 from .sizes import Limits, check_data_sizes
 from .yaml_lines import _line_of
 
@@ -98,11 +95,6 @@ class DataSpec(_Model):
         return self
 
 
-def _swept(intervention: Any) -> dict[str, str]:
-    """{field: what its sweep values must be} of an intervention entry's kind (`workbench.extend`)."""
-    return intervention_kinds()[intervention.kind].swept()
-
-
 def _plugin(value: Any) -> str:
     """A `plugins` entry: a module name, imported now (its kinds declare themselves before the
     conditions that use them are validated)."""
@@ -119,20 +111,27 @@ _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 PluginName = Annotated[str, PlainValidator(_plugin)]
 
 
+def _part_set(value: Any) -> Any:
+    return value.split("+") if isinstance(value, str) else value  # `parts: $p`: "keys+values" is both
+
+
 class KVSwap(_Model):
     donor: ConditionName
-    positions: Positions = "vision"
-    layers: Annotated[Union[Literal["all"], list[Union[int, str]]], PlainValidator(_swap_layers)] = "all"
+    positions: PositionsOrVar = "vision"
+    layers: LayersOrVar = "all"
     # which caches are copied from the donor: keys (where the decode step looks), values (what
     # it reads), or both (the study's Experiment 3)
-    parts: Annotated[Union[list[str], str], PlainValidator(_kv_parts)] = ["keys", "values"]
+    parts: Annotated[Union[list[str], str], PlainValidator(_kv_parts), Swept("parts", _part_set)] = ["keys", "values"]
 
 
 class Condition(_Model):
-    sweep: dict[VarName, SweepValues] = {}
+    # {variable: values}, and {zip: {variable: values}} for variables advancing together (spec/sweeps.py)
+    sweep: Annotated[dict[str, Any], PlainValidator(sweep_section)] = {}
     image: Annotated[Literal["real", "blank", "none"], _one_of(IMAGE_MODES)] = "real"
     interventions: list[InterventionEntry] = []
     kv_swap: KVSwap | None = None
+
+    _axes: tuple = PrivateAttr(())
 
     @model_validator(mode="before")
     @classmethod
@@ -141,53 +140,23 @@ class Condition(_Model):
 
     @model_validator(mode="after")
     def _vars_are_swept(self) -> "Condition":
-        problems = []
-        for path, ref, wants in _var_refs(self):
-            if ref[1:] not in self.sweep:
-                problems.append((path, _undefined_var_message(ref, self.sweep)))
-            elif not all(_SWEEP_KINDS[wants][0](v) for v in self.sweep[ref[1:]]):
-                problems.append((("sweep", ref[1:]), f"'{ref}' is used as {_SWEEP_KINDS[wants][1]} at "
-                                 f"{_dotted(path)}; expected every value of '{ref[1:]}' to be {_SWEEP_KINDS[wants][1]}"))
+        self._axes = sweep_axes(self.sweep)
+        defined = variables(self._axes)
+        problems = [(subpath + path, undefined_var_message(var, defined))
+                    for subpath, entry in self.entries() for path, var in var_refs(entry) if var not in defined]
         if problems:
             _fail_many(problems)
         return self
 
+    @property
+    def axes(self) -> tuple:
+        """The factors of its sweep's product (`workbench.spec.sweeps.Axis`); () without a sweep."""
+        return self._axes
 
-# What a '$variable' must hold where it is used: (test of one value, what it is called).
-_SWEEP_KINDS = {
-    "number": (_is_number, "a number"),
-    "layer": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a layer index (an integer >= 0)"),
-    "seed": (lambda v: _is_number(v) and float(v).is_integer() and v >= 0, "a seed (an integer >= 0)"),
-    "positive": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-    "parts": (lambda v: v in KV_PART_SETS, f"a kv_swap part set ({_quoted(KV_PART_SETS)})"),
-}
-
-
-def _is_var(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("$")
-
-
-def _var_refs(condition: Any) -> Iterable[tuple[SpecPath, str, str]]:
-    """(path in the condition, '$variable', what it must hold) of every sweep reference."""
-    for i, intervention in enumerate(condition.interventions):
-        for name, wants in _swept(intervention).items():
-            if _is_var(value := getattr(intervention, name)):
-                yield ("interventions", i, name), value, wants
-    swap = condition.kv_swap
-    if swap is not None:
-        if _is_var(swap.parts):
-            yield ("kv_swap", "parts"), swap.parts, "parts"
-        for j, layer in enumerate(swap.layers if isinstance(swap.layers, list) else ()):
-            if _is_var(layer):
-                yield ("kv_swap", "layers", j), layer, "layer"
-
-
-def _undefined_var_message(ref: str, sweep: dict[str, Any]) -> str:
-    if not sweep:
-        return f"'{ref}' is not defined; expected a number, or add 'sweep: {{{ref[1:]}: [...]}}' to this condition"
-    defined = ["$" + v for v in sweep]
-    hint = _did_you_mean(ref, defined)
-    return f"'{ref}' is not defined{hint}; expected one of this condition's sweep variables: {', '.join(defined)}"
+    def entries(self) -> list[tuple[SpecPath, Any]]:
+        """(sub-path, entry) of every entry that may hold a '$variable': interventions, kv_swap."""
+        found: list[tuple[SpecPath, Any]] = [(("interventions", i), iv) for i, iv in enumerate(self.interventions)]
+        return found + ([(("kv_swap",), self.kv_swap)] if self.kv_swap is not None else [])
 
 
 class CaptureSpec(_Model):
@@ -243,122 +212,6 @@ class BackendSpec(_Model):
     device_map: Annotated[Literal["auto", "balanced", "sequential"], _one_of(("auto", "balanced", "sequential"))] | None = None
 
 
-@dataclass(frozen=True)
-class ConditionInstance:
-    """One concrete run of a condition: sweep values chosen and "$var"s substituted."""
-
-    name: str  # "baseline", or "alpha=0.1" / "x=1.0,y=2.0" for swept conditions
-    base: str  # the condition's key in the spec
-    sweep: dict[str, float | str] = field(default_factory=dict)  # a word for a kv_swap parts sweep
-    image: str = "real"
-    interventions: tuple[Any, ...] = ()
-    kv_swap: KVSwap | None = None
-
-
-def _format_value(value: float | str) -> str:
-    if isinstance(value, str):
-        return value  # a kv_swap part set: parts=keys
-    return repr(float(value))  # shortest round-tripping form: 0.1, 1.0, 3.0, 0.01
-
-
-def _instance_name(assignment: dict[str, float]) -> str:
-    return ",".join(f"{var}={_format_value(value)}" for var, value in assignment.items())
-
-
-def _substitute(intervention: Any, assignment: dict[str, float]) -> Any:
-    updates = {
-        name: assignment[value[1:]]
-        for name in _swept(intervention)
-        if isinstance(value := getattr(intervention, name), str) and value.startswith("$")
-    }
-    return intervention.model_copy(update=updates) if updates else intervention
-
-
-def _substitute_swap(swap: KVSwap | None, assignment: dict[str, Any]) -> KVSwap | None:
-    """The kv_swap with its '$variable's replaced: a layer per value, a part set split at '+'."""
-    if swap is None or not assignment:
-        return swap
-    updates: dict[str, Any] = {}
-    if _is_var(swap.parts):
-        updates["parts"] = assignment[swap.parts[1:]].split("+")
-    if isinstance(swap.layers, list) and any(_is_var(l) for l in swap.layers):
-        layers = [int(assignment[l[1:]]) if _is_var(l) else l for l in swap.layers]
-        updates["layers"] = sorted(set(layers))
-    return swap.model_copy(update=updates) if updates else swap
-
-
-def _instance(base: str, condition: Condition, assignment: dict[str, Any]) -> ConditionInstance:
-    return ConditionInstance(
-        name=_instance_name(assignment) if assignment else base,
-        base=base,
-        sweep=assignment,
-        image=condition.image,
-        interventions=tuple(_substitute(iv, assignment) for iv in condition.interventions),
-        kv_swap=_substitute_swap(condition.kv_swap, assignment),
-    )
-
-
-def _assignments(condition: Condition) -> Iterator[dict[str, Any]]:
-    """A condition's sweep assignments, in `itertools.product` order (first variable slowest)."""
-    if not condition.sweep:
-        return iter([{}])
-    variables = list(condition.sweep)
-    return (dict(zip(variables, values)) for values in itertools.product(*condition.sweep.values()))
-
-
-def _sweep_count(condition: Condition) -> int:
-    return math.prod(len(values) for values in condition.sweep.values())
-
-
-class ConditionSpace(Sequence[ConditionInstance]):
-    """Every concrete run of a spec's conditions, built when asked for: its length and each run
-    come from the sweeps' values, so holding it costs the spec, never the expanded count."""
-
-    def __init__(self, conditions: dict[str, Condition]):
-        self._parts = [(base, cond, _sweep_count(cond)) for base, cond in conditions.items()]
-        self._length = sum(count for *_, count in self._parts)
-
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> ConditionInstance: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[ConditionInstance]: ...
-
-    def __getitem__(self, index: int | slice) -> ConditionInstance | list[ConditionInstance]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._length))]
-        if not -self._length <= index < self._length:
-            raise IndexError(f"condition index {index} out of range ({self._length} conditions)")
-        index %= self._length
-        for base, cond, count in self._parts:
-            if index < count:
-                return _instance(base, cond, _assignment_at(cond, index))
-            index -= count
-        raise AssertionError("unreachable: the index was checked against the length")
-
-    def __iter__(self) -> Iterator[ConditionInstance]:
-        for base, cond, _ in self._parts:
-            for assignment in _assignments(cond):
-                yield _instance(base, cond, assignment)
-
-    def names(self) -> Iterator[str]:
-        """The runs' names only, in order (nothing else of a run is built)."""
-        for base, cond, _ in self._parts:
-            yield from _names(cond, base)
-
-
-def _assignment_at(condition: Condition, index: int) -> dict[str, Any]:
-    """The `index`-th assignment of `_assignments(condition)`: mixed radix, last variable fastest."""
-    picked = {}
-    for variable, values in reversed(condition.sweep.items()):
-        index, digit = divmod(index, len(values))
-        picked[variable] = values[digit]
-    return dict(reversed(picked.items()))
-
-
 class Spec(_Model):
     name: SpecName
     description: str | None = None
@@ -390,7 +243,7 @@ class Spec(_Model):
 
     @model_validator(mode="after")
     def _cross_references(self) -> "Spec":
-        problems = _reference_problems(self.conditions) + _name_clash_problems(self.conditions)
+        problems = _reference_problems(self.conditions) + _sweep_value_problems(self.conditions)
         problems += _site_role_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
         problems += _remote_kind_problems(self)
         if problems:
@@ -437,13 +290,13 @@ class Spec(_Model):
         return Problem(tuple(path), _line_of(tuple(path), self._lines), message)
 
     def expand_conditions(self) -> ConditionSpace:
-        """Every concrete condition, sweeps expanded (cartesian product, first variable slowest),
-        each built when taken."""
+        """Every concrete condition, sweeps expanded (a product, first variable slowest; a zip
+        group advances together), each built when taken."""
         return ConditionSpace(self.conditions)
 
     def sweep_variables(self) -> list[str]:
         """All sweep variable names, in order of first appearance."""
-        return list(dict.fromkeys(var for cond in self.conditions.values() for var in cond.sweep))
+        return list(dict.fromkeys(var for cond in self.conditions.values() for var in variables(cond.axes)))
 
     def with_overrides(
         self,
@@ -557,60 +410,13 @@ def _source_cycle_problems(conditions: dict[str, Condition]) -> list[tuple[SpecP
     return []
 
 
-def _name_clash_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
-    """Run names produced twice, found without listing them. Only two sweeps over the same
-    variables can clash (a condition's own name holds no '=', `ConditionName`; a swept one is
-    "x=1.0,y=2.0", and numbers and part-set words hold no ',' or '='), so each sweep is compared
-    with the earlier ones sharing its first variable's values, then its names are asked of them."""
-    problems = []
-    by_first: dict[tuple[tuple[str, ...], str], list[_NameOwner]] = {}  # (variables, first value) -> sweeps
-    for order, (base, cond) in enumerate(conditions.items()):
-        if not cond.sweep:
-            continue
-        owner = _NameOwner(order, base, cond)
-        variables = tuple(cond.sweep)
-        firsts = [(variables, value) for value in owner.digits[variables[0]]]
-        rivals = sorted({o.order: o for key in firsts for o in by_first.get(key, ()) if o.may_share(owner)}.items())
-        for index, name in enumerate(_names(cond, base) if rivals else ()):
-            first = next((o for _, o in rivals if o.produces(name)), None)
-            if first is not None:
-                problems.append(
-                    (
-                        ("conditions", base, "sweep"),
-                        f"expands to '{name}', which condition '{first.base}' "
-                        "also produces; expected unique run names (rename the sweep variable)",
-                    )
-                )
-                owner.limit = index  # it produced the names before this one
-                break
-        for key in firsts:
-            by_first.setdefault(key, []).append(owner)
-    return problems
+def _sweep_value_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
+    """Every swept run's entries, validated as hand-written ones (each distinct value of a
+    variable once, located at the first run holding it: `workbench.spec.sweeps.value_problems`)."""
+    return [problem for base, cond in conditions.items() if cond.sweep
+            for problem in value_problems(base, cond.entries(), cond.axes)]
 
 
-def _names(condition: Condition, base: str) -> Iterator[str]:
-    return (_instance_name(a) for a in _assignments(condition)) if condition.sweep else iter([base])
-
-
-class _NameOwner:
-    """The run names a sweep produces (its first `limit`, in order), asked without listing them."""
-
-    def __init__(self, order: int, base: str, condition: Condition):
-        self.order, self.base, self.limit = order, base, _sweep_count(condition)
-        # per variable: formatted value -> its position (a digit of the name's index)
-        self.digits = {var: {_format_value(v): i for i, v in enumerate(values)}
-                       for var, values in condition.sweep.items()}
-
-    def may_share(self, other: "_NameOwner") -> bool:
-        return list(self.digits) == list(other.digits) and all(
-            self.digits[v].keys() & other.digits[v].keys() for v in self.digits)
-
-    def produces(self, name: str) -> bool:
-        pairs = [pair.partition("=") for pair in name.split(",")]
-        if [var for var, _, _ in pairs] != list(self.digits) or any(
-                value not in self.digits[var] for var, _, value in pairs):
-            return False
-        index = 0
-        for var, _, value in pairs:
-            index = index * len(self.digits[var]) + self.digits[var][value]
-        return index < self.limit
+def condition_runs(condition: Condition) -> int:
+    """How many runs a condition expands to (1 without a sweep)."""
+    return run_count(condition.axes)

@@ -91,7 +91,9 @@ def count_samples(n: int, source: str, exclude: Iterable[str] = ()) -> int:
 
 def spec_condition_count(spec: Any) -> int:
     """Conditions a validated spec expands to, counted without expanding them."""
-    return count_conditions({name: {v: len(vals) for v, vals in cond.sweep.items()}
+    from .sweeps import axis_length  # sweeps reads the schema's fields; sizes is read first
+
+    return count_conditions({name: {"/".join(axis[0]): axis_length(axis) for axis in cond.axes}
                              for name, cond in spec.conditions.items()})
 
 
@@ -151,7 +153,7 @@ def _declared_from_data(data: Mapping[str, Any]) -> DeclaredSizes:
             sizes.conditions.append(str(name))
             sweep = condition.get("sweep") if isinstance(condition, Mapping) else None
             if isinstance(sweep, Mapping):
-                counts = {str(v): SweepCount(len(vals)) for v, vals in sweep.items() if isinstance(vals, list)}
+                counts = {str(v): SweepCount(_listed(vals)) for v, vals in sweep.items() if _listed(vals)}
                 if counts:
                     sizes.sweeps[str(name)] = counts
     section = data.get("data")
@@ -165,6 +167,16 @@ def _declared_from_data(data: Mapping[str, Any]) -> DeclaredSizes:
     limits = data.get("limits")
     sizes.limits = dict(limits) if isinstance(limits, Mapping) else {}
     return sizes
+
+
+def _listed(values: Any) -> int:
+    """Values a sweep entry lists: a list's length; a zip group's longest list (its lists have one
+    length, checked by the schema)."""
+    if isinstance(values, list):
+        return len(values)
+    if isinstance(values, Mapping):
+        return max((len(v) for v in values.values() if isinstance(v, list)), default=0)
+    return 0
 
 
 def check_data_sizes(data: Any) -> None:
@@ -207,7 +219,9 @@ def _scalar_value(event: yaml.ScalarEvent) -> Any:
 
 
 def _is_sweep(path: SpecPath | None) -> bool:
-    return path is not None and len(path) == 4 and path[0] == "conditions" and path[2] == "sweep"
+    """A sweep's list: conditions.<name>.sweep.<variable>, or conditions.<name>.sweep.zip.<variable>."""
+    return (path is not None and path[:1] == ("conditions",) and path[2:3] == ("sweep",)
+            and (len(path) == 4 or (len(path) == 5 and path[3] == "zip")))
 
 
 def _declared_from_text(text: str, cap: int) -> tuple[DeclaredSizes, dict[SpecPath, int]] | None:
@@ -231,7 +245,7 @@ def _declared_from_text(text: str, cap: int) -> tuple[DeclaredSizes, dict[SpecPa
                 frame = stack.pop()
                 if frame.anchor is not None:
                     anchored[frame.anchor] = frame.items
-                if _is_sweep(frame.path):
+                if _is_sweep(frame.path) and not frame.mapping:
                     _record_sweep(sizes, frame.path, SweepCount(frame.items))
                 continue
             if not isinstance(event, yaml.NodeEvent):
@@ -285,7 +299,10 @@ def _node_path(stack: list[_Frame], event: yaml.NodeEvent, lines: dict[SpecPath,
 def _record_sweep(sizes: DeclaredSizes, path: SpecPath | None, count: SweepCount) -> None:
     if path is None:  # (only sweep paths are passed: `_is_sweep` said so)
         return
-    sizes.sweeps.setdefault(str(path[1]), {})[str(path[3])] = count
+    counts = sizes.sweeps.setdefault(str(path[1]), {})
+    previous = counts.get(str(path[3]))  # a zip group counts as its longest list
+    if previous is None or (previous.values, previous.capped) < (count.values, count.capped):
+        counts[str(path[3])] = count
 
 
 def _record_scalar(sizes: DeclaredSizes, path: SpecPath, value: Any, exclude: list[str]) -> None:

@@ -180,7 +180,9 @@ def _read_yaml(text: str) -> tuple[Any, dict[SpecPath, int], list[Problem]]:
 
 
 def _line_of(path: SpecPath, lines: dict[SpecPath, int]) -> int | None:
-    """Line of the deepest node along path that exists (a missing key: its parent's)."""
+    """Line of the deepest node along path that exists (a missing key: its parent's); a swept
+    run (`sweeps.RunKey`) is found at its condition."""
+    path = tuple(getattr(part, "base", part) for part in path)
     for end in range(len(path), -1, -1):
         line = lines.get(path[:end])
         if line is not None:
