@@ -44,17 +44,17 @@ def test_a_range_narrows_hidden_and_logprobs_alike(stored):
     alpha, run_alpha = flat.alpha.values, flat.run_alpha.values
     np.testing.assert_array_equal(picked.hidden.values, token_rows(flat, (alpha >= 0) & (alpha <= 1)))
     np.testing.assert_array_equal(picked.logprobs.values, run_rows(flat, (run_alpha >= 0) & (run_alpha <= 1)))
-    assert set(picked.condition.values) == set(picked.run_condition.values) == {"alpha=0.5", "alpha=1.0"}
+    assert set(picked.condition.values) == set(picked.run_condition.values) == {"alpha[alpha=0.5]", "alpha[alpha=1.0]"}
     assert ds.sel(condition="baseline").sizes["run"] == ds.sizes["run"]  # what plain .sel does: runs untouched
 
 
 def test_one_value_a_list_and_other_dims_at_once(stored):
     ds, flat = stored
-    picked = ds.wb.sel(condition=["baseline", "alpha=2.0"], modality="vision", layer=[0, 2])
-    tokens = np.isin(flat.condition.values, ["baseline", "alpha=2.0"]) & (flat.modality.values == "vision")
+    picked = ds.wb.sel(condition=["baseline", "alpha[alpha=2.0]"], modality="vision", layer=[0, 2])
+    tokens = np.isin(flat.condition.values, ["baseline", "alpha[alpha=2.0]"]) & (flat.modality.values == "vision")
     np.testing.assert_array_equal(picked.hidden.values, token_rows(flat, tokens)[:, [0, 2]])
     np.testing.assert_array_equal(picked.logprobs.values,
-                                  run_rows(flat, np.isin(flat.run_condition.values, ["baseline", "alpha=2.0"])))
+                                  run_rows(flat, np.isin(flat.run_condition.values, ["baseline", "alpha[alpha=2.0]"])))
     one = ds.wb.sel(condition="baseline", sample="builtin/counting/000")
     runs = (flat.run_condition.values == "baseline") & (flat.run_sample.values == "builtin/counting/000")
     assert one.sizes["run"] == runs.sum() == 1
@@ -67,8 +67,8 @@ def test_one_value_a_list_and_other_dims_at_once(stored):
 def test_a_label_only_runs_carry_narrows_the_tokens_to_those_runs(stored):
     ds, flat = stored
     category = str(flat.run_category.values[0])
-    picked = ds.wb.sel(category=category, condition="alpha=0.5")
-    runs = (flat.run_category.values == category) & (flat.run_condition.values == "alpha=0.5")
+    picked = ds.wb.sel(category=category, condition="alpha[alpha=0.5]")
+    runs = (flat.run_category.values == category) & (flat.run_condition.values == "alpha[alpha=0.5]")
     kept = set(zip(flat.run_condition.values[runs].tolist(), flat.run_sample.values[runs].tolist()))
     tokens = np.array([(c, s) in kept for c, s in zip(flat.condition.values.tolist(), flat.sample.values.tolist())])
     assert 0 < runs.sum() < ds.sizes["run"] and tokens.any()
@@ -81,7 +81,7 @@ def test_norms_per_layer_and_modality_match_numpy(stored):
     norms = ds.wb.norms()
     assert norms.dims == ("condition", "modality", "layer")
     every = np.linalg.norm(flat.hidden.values.astype(np.float64), axis=-1)  # (token, layer)
-    for condition in ("baseline", "alpha=2.0"):
+    for condition in ("baseline", "alpha[alpha=2.0]"):
         for modality in ("vision", "text"):
             rows = (flat.condition.values == condition) & (flat.modality.values == modality)
             np.testing.assert_allclose(norms.sel(condition=condition, modality=modality).values,

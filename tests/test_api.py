@@ -36,7 +36,7 @@ def test_run_from_a_dict_returns_the_store_opened_and_a_rerun_resumes(tmp_path):
     assert isinstance(ds, xr.Dataset)
     direct = workbench.open_store(store, "tiny-llama")
     np.testing.assert_array_equal(ds.hidden.values, direct.hidden.values)
-    assert ds.sizes["run"] == 2 * 3 and sorted(set(ds.run_condition.values)) == ["alpha=0.5", "alpha=2.0", "baseline"]
+    assert ds.sizes["run"] == 2 * 3 and sorted(set(ds.run_condition.values)) == ["alpha[alpha=0.5]", "alpha[alpha=2.0]", "baseline"]
     provenance = yaml.safe_load(__import__("json").loads(ds.attrs["provenance"])[-1]["spec"])
     assert provenance["conditions"]["alpha"]["sweep"] == {"alpha": [0.5, 2.0]}  # the dict, recorded as YAML
     again = workbench.run(tiny(store), progress=False)  # everything stored: nothing is written twice

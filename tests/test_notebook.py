@@ -43,7 +43,7 @@ def test_the_tutorial_runs_every_cell(tmp_path, monkeypatch):
     # the custom analysis's table: one row per condition of the store the notebook wrote
     ds = workbench.open_store(tmp_path / "stores" / "tutorial.zarr", "tiny-qwen3vl")
     conditions = sorted(set(ds.run_condition.values.tolist()))
-    assert conditions == ["alpha=0.5", "alpha=1.0", "alpha=2.0", "baseline"]
+    assert conditions == ["alpha[alpha=0.5]", "alpha[alpha=1.0]", "alpha[alpha=2.0]", "baseline"]
     assert "### Vision-token norm at the last layer" in text
     for condition in conditions:
         assert f"| tiny-qwen3vl | {condition} | " in text
