@@ -1,4 +1,5 @@
-"""Shared fixtures: offline, tiny models built once per session in a private cache."""
+"""Shared fixtures: offline, tiny models built once per session in a private cache; stores on a local
+path and on a loopback S3 server; a DatBench-shaped copy. Their helpers: tests/support/."""
 
 from __future__ import annotations
 
