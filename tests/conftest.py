@@ -1,4 +1,5 @@
-"""Shared fixtures: offline, tiny models built once per session in a private cache."""
+"""Shared fixtures: offline, tiny models built once per session in a private cache; stores on a local
+path and on a loopback S3 server; a DatBench-shaped copy. Their helpers: tests/support/."""
 
 from __future__ import annotations
 
@@ -40,3 +41,57 @@ def load_tiny(workbench_cache):
         return _models[(name, attn)]
 
     return load
+
+
+# -- stores: a local path and an s3:// URL on a loopback S3 server (support/stores.py) ------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on loopback for the whole session, with one bucket; its endpoint URL."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    from support.stores import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The AWS environment pointing at the loopback server (subprocesses inherit it); returns a
+    fresh store URL per call: s3(name="store")."""
+    from support.stores import aws_environment, new_s3_url
+
+    for name, value in aws_environment(s3_server).items():
+        monkeypatch.setenv(name, value)
+    return new_s3_url
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_url(request, tmp_path) -> str:
+    """Where a test's store goes: a path under tmp_path, then a fresh s3:// URL on the loopback
+    server. A test that takes it runs once per kind; the same body passes on both."""
+    if request.param == "local":
+        return str(tmp_path / "store.zarr")
+    return request.getfixturevalue("s3")()
+
+
+# -- a DatBench-shaped local copy (support/datbench.py) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_copy(tmp_path_factory):
+    """<root>/<config>: `DatasetDict({"test": ...}).save_to_disk`, the documented layout."""
+    pytest.importorskip("datasets")
+    from support.datbench import save_copy
+
+    return save_copy(tmp_path_factory.mktemp("datbench-saved"))
+
+
+@pytest.fixture(scope="module")
+def source_rows() -> dict[str, dict]:
+    pytest.importorskip("datasets")
+    from support import datbench
+
+    return datbench.source_rows()

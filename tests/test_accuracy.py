@@ -211,7 +211,7 @@ def test_a_store_without_responses_skips_the_table_saying_why(spec_store):
 
 # -- DatBench's eval_mode, stored and resumed ----------------------------------------------------
 
-from test_datbench import saved_copy, source_rows  # noqa: E402,F401  (fixtures: a DatBench-shaped copy)
+# the fixtures `saved_copy` and `source_rows` (conftest.py): a DatBench-shaped copy
 
 
 def test_datbench_eval_mode_is_stored_and_survives_a_resume(saved_copy, source_rows, tmp_path):
@@ -248,10 +248,10 @@ store: {{path: {tmp_path / 'store.zarr'}}}
 
 def test_datbench_bad_eval_mode_is_refused_naming_row_and_field(tmp_path):
     datasets = pytest.importorskip("datasets")
-    from test_datbench import _config_dataset
+    from support.datbench import config_dataset
     from workbench.data import datbench_samples
 
-    ds = _config_dataset("chart").map(lambda row, i: {"eval_mode": "fuzzy" if i == 0 else row["eval_mode"]},
+    ds = config_dataset("chart").map(lambda row, i: {"eval_mode": "fuzzy" if i == 0 else row["eval_mode"]},
                                       with_indices=True)
     datasets.DatasetDict({"test": ds}).save_to_disk(str(tmp_path / "chart"))
     with pytest.raises(DatBenchError, match=r"row 0 \('chart_0000'\) eval_mode: got 'fuzzy'; expected one of exact"):

@@ -15,7 +15,7 @@ import torch
 import workbench
 from analyses.atlas import norm_atlas
 from analyses.tables import build_tables
-from test_families import hooked, vision_hooks
+from support.traces import hooked, vision_hooks
 from workbench.cli import main
 from workbench.data import builtin_samples
 from workbench.models.architectures import tiny_architectures

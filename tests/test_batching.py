@@ -143,7 +143,7 @@ def test_an_alpha_sweep_is_one_forward_and_each_row_gets_its_own_alpha(load_tiny
     as one forward of 4 rows (then 2 decode steps of 4 rows); the none-image condition, another
     token sequence, runs alone. Each row's layer-0 vision rows are its alpha times the baseline's
     (numpy), so no row got another row's edit."""
-    from test_interventions import SAMPLE, plan_for
+    from support.traces import SAMPLE, plan_for
 
     from workbench.backends.local import batches, run_conditions
     from workbench.runner import LazyInputs
@@ -331,7 +331,7 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
     different patch counts, run as ONE prompt forward of 4 rows as wide as the longest prompt
     (so the others were padded), then 2 decode steps of 4 rows; each row's results equal the
     sample run alone."""
-    from test_interventions import plan_for
+    from support.traces import plan_for
     from tqdm import tqdm
 
     from workbench.backends.local import run_rows
@@ -370,7 +370,7 @@ def test_no_real_token_sees_a_pad(load_tiny, name, tmp_path):
     PyTorch hook) change nothing any row stores, prompt and decode steps alike. Paligemma and
     Gemma-3 attend bidirectionally within the prompt (prefix LM) or an image, so their pads must be
     masked there too."""
-    from test_interventions import plan_for
+    from support.traces import plan_for
 
     from workbench.backends.local import group_rows, run_rows
     from workbench.data import jsonl_samples

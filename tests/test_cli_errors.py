@@ -6,7 +6,7 @@ import pytest
 
 from workbench.cli import main
 
-from test_spec import BAD_SPECS
+from support.specs import BAD_SPECS
 
 
 @pytest.mark.parametrize("case", list(BAD_SPECS), ids=list(BAD_SPECS))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -20,69 +19,7 @@ datasets = pytest.importorskip("datasets")
 from workbench.data import DATBENCH_REPO, DatBenchError, datbench_samples, load_samples  # noqa: E402
 from workbench.spec import DATBENCH_CONFIGS, DataSpec, parse_spec  # noqa: E402
 
-ROWS = 15
-MODES = ("RGB", "RGBA", "L", "P")  # the real images are not all RGB
-
-# DatBench's features, as its hub README declares them.
-FEATURES = datasets.Features(
-    {
-        "id": datasets.Value("string"),
-        "image": datasets.Image(),
-        "question": datasets.Value("string"),
-        "prompt_format": {"prefix": datasets.Value("string"), "suffix": datasets.Value("string")},
-        "answer": datasets.Value("string"),
-        "eval_mode": datasets.Value("string"),
-        "judge_prompt": datasets.Value("string"),
-        "is_circular": datasets.Value("bool"),
-        "source_info": {"dataset": datasets.Value("string"), "original_idx": datasets.Value("string")},
-        "eval_metrics": {"discrimination": datasets.Value("float64"), "is_frontier": datasets.Value("bool")},
-        "all_answers": datasets.List(datasets.Value("string")),
-        "metadata": datasets.Value("string"),
-    }
-)
-
-
-def _row(config: str, i: int) -> dict:
-    k = DATBENCH_CONFIGS.index(config)
-    mode = MODES[i % len(MODES)]
-    color = {"RGB": (10 * i, 20 * k, 50), "RGBA": (10 * i, 20 * k, 50, 128), "L": 10 * i, "P": i}[mode]
-    image = Image.new(mode, (8 + i, 6 + k), color)
-    if mode == "P":
-        image.putpalette([(7 * c) % 256 for c in range(768)])
-    image.putpixel((0, 0), 200 if mode in ("L", "P") else (200, 10 * k, i, 255)[: len(mode)])
-    return {
-        "id": f"{config}_{i:04d}",
-        "image": image,
-        "question": f"Q{i} about {config}?",
-        "prompt_format": {"prefix": f"[{config}] ", "suffix": " Answer briefly."},
-        "answer": f"A{i}",
-        "eval_mode": "direct" if i % 2 else "judge",
-        "judge_prompt": "",
-        "is_circular": False,
-        "source_info": {"dataset": f"src-{config}", "original_idx": str(100 + i)},
-        "eval_metrics": {"discrimination": 0.1 * i, "is_frontier": i % 3 == 0},
-        "all_answers": [f"A{i}", f"a{i}"],
-        "metadata": "{}",
-    }
-
-
-def _config_dataset(config: str) -> "datasets.Dataset":
-    rows = [_row(config, i) for i in range(ROWS)]
-    return datasets.Dataset.from_list(rows, features=FEATURES)
-
-
-@pytest.fixture(scope="module")
-def saved_copy(tmp_path_factory) -> Path:
-    """<root>/<config>: `DatasetDict({"test": ...}).save_to_disk`, the documented layout."""
-    root = tmp_path_factory.mktemp("datbench-saved")
-    for config in DATBENCH_CONFIGS:
-        datasets.DatasetDict({"test": _config_dataset(config)}).save_to_disk(str(root / config))
-    return root
-
-
-@pytest.fixture(scope="module")
-def source_rows() -> dict[str, dict]:
-    return {f"datbench/{c}/{c}_{i:04d}": _row(c, i) for c in DATBENCH_CONFIGS for i in range(ROWS)}
+from support.datbench import MODES, ROWS, config_dataset  # noqa: E402  (fixtures saved_copy, source_rows: conftest.py)
 
 
 @pytest.fixture
@@ -158,7 +95,7 @@ def test_only_chosen_images_are_decoded(saved_copy, monkeypatch, no_network):
 
 
 def test_bare_dataset_and_missing_config(tmp_path, no_network):
-    _config_dataset("chart").save_to_disk(str(tmp_path / "chart"))  # a Dataset, not a DatasetDict
+    config_dataset("chart").save_to_disk(str(tmp_path / "chart"))  # a Dataset, not a DatasetDict
     others = [c for c in DATBENCH_CONFIGS if c != "chart"]
     assert len(datbench_samples(4, path=tmp_path, exclude=others)) == 4
     with pytest.raises(DatBenchError) as err:
@@ -195,7 +132,7 @@ def test_hub_repo_layout_via_load_dataset(tmp_path, monkeypatch, no_network):
     card = ["---", "configs:"]
     for config in configs:
         (repo / config).mkdir(parents=True)
-        _config_dataset(config).to_parquet(str(repo / config / "test-00000-of-00001.parquet"))
+        config_dataset(config).to_parquet(str(repo / config / "test-00000-of-00001.parquet"))
         card += [f"- config_name: {config}", "  data_files:", "  - split: test", f"    path: {config}/test-*"]
     (repo / "README.md").write_text("\n".join(card + ["---", ""]), encoding="utf-8")
     excluded = [c for c in DATBENCH_CONFIGS if c not in configs]
@@ -205,7 +142,7 @@ def test_hub_repo_layout_via_load_dataset(tmp_path, monkeypatch, no_network):
     # Same rows, same choice as the save_to_disk layout of the same data.
     saved = tmp_path / "saved"
     for config in configs:
-        _config_dataset(config).save_to_disk(str(saved / config))
+        config_dataset(config).save_to_disk(str(saved / config))
     assert fingerprint(from_repo) == fingerprint(datbench_samples(3, seed=1, exclude=excluded, path=saved))
 
 

@@ -8,51 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from test_interventions import SAMPLE, plan_for, run
+from support.traces import SAMPLE, hooked, modules, plan_for, run, vision_hooks
 from workbench.plan import PlanError
 from workbench.models.architectures import ARCHITECTURES, tiny_architectures
 
 ATOL = 1e-5
 FAMILIES = [a.tiny for a in tiny_architectures()]
 VLM_FAMILIES = [a.tiny for a in tiny_architectures() if a.is_multimodal]
-
-
-def modules(hf, path):
-    """The torch modules at a dotted path of the arch (a `*` expands a ModuleList), read with
-    plain attribute access on the transformers model."""
-    found = [hf]
-    for part in path.split("."):
-        if part == "*":
-            found = [child for m in found for child in m]
-        elif part.isdigit():
-            found = [m[int(part)] for m in found]
-        else:
-            found = [getattr(m, part) for m in found]
-    return found
-
-
-def hooked(model, encoding, projector_factor=None):
-    """Residual stream by the workbench convention (the input of each decoder layer, then the input
-    of the final norm) with forward pre-hooks; optionally every projector module's output scaled."""
-    hf, arch = model.hf, model.arch
-    seen = []
-    layers = list(modules(hf, arch.decoder_layers)[0]) + modules(hf, arch.final_norm)
-    handles = [m.register_forward_pre_hook(lambda m, a, kw=None: seen.append(a[0][0].detach().clone())
-                                           if a else None) for m in layers]
-    # decoder layers may take hidden_states by keyword: read it there too
-    handles += [m.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["hidden_states"][0].detach().clone())
-                                            if not a else None, with_kwargs=True) for m in layers]
-    if projector_factor is not None:
-        handles += [m.register_forward_hook(lambda m, i, o: o * projector_factor)
-                    for path in arch.projector for m in modules(hf, path)]
-    try:
-        model.prepare()
-        with torch.inference_mode():
-            out = hf(**encoding)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(seen, dim=1).numpy(), out
 
 
 def test_registry_is_consistent():
@@ -217,49 +179,6 @@ def test_every_family_is_one_file_plus_its_client():
 
 # -- the vision-side sites: vision (the tower's output as the connector receives it), vision_layer
 # (each tower layer's output) and the connector parts, against plain hooks on the same modules
-
-
-def _main(value):
-    return value if isinstance(value, torch.Tensor) else value[0]
-
-
-def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
-    """With plain PyTorch hooks: each vision layer's output and the tower's output as the
-    connector receives it (rows flattened), optionally the `vision` tensor scaled (before the
-    connector reads it) or one connector part's output scaled; plus the residual stream."""
-    hf, arch = model.hf, model.arch
-    layers, vision, handles = [], [], []
-    for layer in modules(hf, arch.vision_layers)[0]:
-        handles.append(layer.register_forward_hook(lambda m, a, o: layers.append(_main(o).detach().clone())))
-    path, end = arch.vision_output
-    target = modules(hf, path)[0]
-    if end == "input":
-        def pre(m, args, kwargs):
-            x = args[0] if scale_vision is None else args[0] * scale_vision
-            vision.append(x.detach().clone())
-            return (x, *args[1:]), kwargs
-        handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
-    else:
-        def post(m, args, out):
-            x = _main(out)
-            if scale_vision is not None:
-                x.mul_(scale_vision)  # the tower returns a ModelOutput: edit its tensor in place
-            vision.append(x.detach().clone())
-        handles.append(target.register_forward_hook(post))
-    if scale_part is not None:
-        part, factor = scale_part
-        handles += [m.register_forward_hook(lambda m, a, o: o * factor)
-                    for m in modules(hf, arch.projector_parts[part])]
-    try:
-        residual, _ = hooked(model, encoding)
-    finally:
-        for h in handles:
-            h.remove()
-    flat = lambda t: t.reshape(-1, t.shape[-1]).numpy()
-    # the rows the connector drops (LLaVA's CLS) are not patches: the capture leaves them out too
-    patches = lambda t: t[:, arch.tower_prefix_rows:] if arch.tower_prefix_rows else t
-    return (np.stack([flat(patches(t)) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1),
-            flat(vision[-1]), residual)
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from workbench.cli import main
 from workbench.spec import SpecError, parse_spec
 
-from test_spec import VALID
+from support.specs import VALID
 
 LINES = VALID.splitlines(keepends=True)
 JUNK = st.sampled_from(["", "-", ":", "{", "]", "!!python/name:os.system", "&a", "*a", "\t", "null", "1e999",

@@ -15,35 +15,10 @@ from workbench.runner import LazyInputs
 from workbench.spec import parse_spec
 from workbench.data import Sample
 
+from support.traces import SAMPLE, plan_for, run
+
 VLMS = ["tiny-smolvlm", "tiny-qwen3vl"]
 ATOL = 1e-5
-
-
-def _image() -> Image.Image:
-    img = Image.new("RGB", (96, 64), (20, 40, 160))
-    img.paste((250, 200, 0), (10, 10, 50, 40))
-    return img
-
-
-SAMPLE = Sample(id="test/0", image=_image(), question="What colour is the square?", category="color")
-
-
-def plan_for(model, conditions: str, capture: str = "[{site: layer}]", generate: int | None = None):
-    text = f"""\
-name: t
-models: [{model.model_id}]
-conditions:
-{conditions}
-capture: {capture}
-{f'generate: {{max_new_tokens: {generate}}}' if generate else ''}
-store: {{path: unused.zarr}}
-"""
-    return compile_plan(parse_spec(text), model.info)
-
-
-def run(model, plan, name):
-    inputs = LazyInputs(model, SAMPLE)
-    return run_condition(model, inputs, plan.condition(name), plan), inputs
 
 
 def decoder(model):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_store import ROOT, assert_same_store
+from support.stores import ROOT, assert_same_store
 from workbench.cli import main
 from workbench.store import open_store
 

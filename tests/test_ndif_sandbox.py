@@ -6,7 +6,7 @@ from NDIF-format keys (`nnsight.modeling.language.LanguageModel:{"repo_id", "rev
 the deployment's own attention implementation, ignores per-request env, checks the client's
 Python and nnsight versions as NDIF does and enforces a job timeout. `workbench` is not
 installed there: everything the workbench runs travels by value and must pass the whitelist.
-The same server (`test_remote.sandboxed_server`) runs tests/test_remote.py: every intervention
+The same server (`support.remote.sandboxed_server`) runs tests/test_remote.py: every intervention
 and capture kind bitwise equal to a local run, and the fault drills.
 """
 
@@ -45,7 +45,7 @@ from workbench.models.remote import RemoteModel  # noqa: E402
 from workbench.runner import run_spec  # noqa: E402
 from workbench.spec import parse_spec  # noqa: E402
 
-from test_remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
+from support.remote import BACKEND_ATTRS, KEY, ndif_key, sandboxed_server  # noqa: E402
 
 SERVER_SIDE_MODULES = ("backends/ndif_job.py", "backends/local.py", "capture.py", "interventions/base.py",
                        # every site module; not the package's __init__, which runs on the client only (it imports

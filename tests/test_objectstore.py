@@ -5,9 +5,7 @@ or endpoints are refused in one line before anything is written."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -18,49 +16,12 @@ import numpy as np
 import pytest
 
 import store_drill
-from test_store import ROOT
+from support.stores import BUCKET, ROOT, bucket_keys, s3_client
 from workbench.cli import main
 from workbench.errors import StoreError, StorePathError
 from workbench.store import StoreWriter, open_store, store_history, store_info, verify_store
 
-BUCKET = "workbench-tests"
-_prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server on a free loopback port, with one bucket; its endpoint URL."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch):
-    """The AWS environment pointing at the loopback server (subprocesses inherit it); returns a
-    fresh store URL per call."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    return lambda name="store": f"s3://{BUCKET}/{name}-{os.getpid()}-{next(_prefixes)}.zarr"
-
-
-def bucket_keys(endpoint: str, prefix: str) -> list[str]:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                          region_name="us-east-1")
-    return [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+# the loopback S3 server and a fresh store URL on it: the fixtures `s3_server` and `s3` (conftest.py)
 
 
 # -- what a result looks like when read back ------------------------------------------------------
@@ -160,7 +121,6 @@ def test_an_interrupted_creation_is_named_with_what_to_do(s3, s3_server, tmp_pat
     branch (icechunk writes them in that order; there is no rename to make it atomic). No one can
     create a repository over it: the next writer waits for a branch, then says what lies there
     and what to do, and writes nothing; once it is deleted, the store is written."""
-    import boto3
     import icechunk
 
     first = tmp_path / "first"
@@ -168,8 +128,7 @@ def test_an_interrupted_creation_is_named_with_what_to_do(s3, s3_server, tmp_pat
     snapshot = next((first / "snapshots").iterdir())
     url = s3()
     prefix = url.removeprefix(f"s3://{BUCKET}/")
-    client = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="test", aws_secret_access_key="test",
-                          region_name="us-east-1")
+    client = s3_client(s3_server)
     client.put_object(Bucket=BUCKET, Key=f"{prefix}/snapshots/{snapshot.name}", Body=snapshot.read_bytes())
     monkeypatch.setattr("workbench.store.writer.CREATE_WAIT_S", 1.0)
     with StoreWriter(url) as writer, pytest.raises(StorePathError) as err:

@@ -53,10 +53,8 @@ from workbench.runner import run_spec  # noqa: E402
 from workbench.sites import order  # noqa: E402
 from workbench.spec import parse_spec  # noqa: E402
 
-KEY = "wb-test-key-7f3a91c2"
-MODELS = ("tiny-llama", "tiny-qwen3vl")
-# attrs of a model group that say where it ran (they differ by design between backends)
-BACKEND_ATTRS = {"provenance", "dtype", "device", "device_kind", "backend", "remote_target", "revision"}
+from support.remote import BACKEND_ATTRS, KEY, MODELS, ndif_key, sandboxed_server  # noqa: E402
+
 ALL_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
                 "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}, "
                 "{site: logit_lens}]")
@@ -122,24 +120,6 @@ store: {{path: {store}}}
 
 
 # ------------------------------------------------------------------------------------ fixtures
-
-
-def ndif_key(name: str) -> str:
-    """The key NDIF deploys a model under (its CLI's key builder: class path, repo id, revision)."""
-    info = model_info(name)
-    cls = "nnsight.modeling.vlm.VisionLanguageModel" if info.arch.is_multimodal else "nnsight.modeling.language.LanguageModel"
-    return f"{cls}:{json.dumps({'repo_id': info.path, 'revision': None})}"
-
-
-def sandboxed_server(names=MODELS, **kwargs) -> LoopbackNDIF:
-    """The loopback server in its sandboxed mode (NDIF's whitelist, keys, version rule; see
-    tests/ndif_sandbox.py) serving `names` under NDIF-format keys, started."""
-    loaders = {}
-    for name in names:
-        info = model_info(name)
-        processor = ("workbench.models.tiny:load_processor", info.path, info.arch.family) if info.arch.is_multimodal else None
-        loaders[ndif_key(name)] = {"path": info.path, "multimodal": info.arch.is_multimodal, "processor": processor}
-    return LoopbackNDIF({}, api_key=KEY, hide_modules=("workbench", "analyses"), sandbox=loaders, **kwargs).start()
 
 
 @pytest.fixture(scope="module")

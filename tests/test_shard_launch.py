@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_store import assert_same_store
+from support.stores import assert_same_store
 from workbench.cli import main
 from workbench.shards import SLURM_VARIABLES, TORCHRUN_VARIABLES, ShardError, parse_shard, visible_devices
 from workbench.store import open_store, store_history

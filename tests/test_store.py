@@ -18,25 +18,9 @@ import xarray as xr
 
 import store_drill
 import workbench
+from support.stores import ROOT, TESTS, assert_same_store
 from workbench.cli import main
 from workbench.store import StoreWriter, open_store, store_info, verify_store
-
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
-
-
-def comparable(path: Path, model: str) -> xr.Dataset:
-    """One model's Dataset, loaded, with its labels as plain coordinates (the MultiIndex's tuples
-    hold NaN, and NaN != NaN inside tuples). Provenance is dropped: it lists every run that
-    wrote, so a killed-then-resumed store has one record more than an uninterrupted one."""
-    ds = open_store(path, model=model).load()
-    ds.attrs.pop("provenance")
-    return ds.reset_index([d for d in ("token", "run", "vision_patch") if d in ds.indexes])
-
-
-def assert_same_store(a: Path, b: Path, models: tuple[str, ...]) -> None:
-    for model in models:
-        xr.testing.assert_identical(comparable(a, model), comparable(b, model))
 
 
 def samples_by_condition(ds: xr.Dataset) -> dict[str, list[str]]:

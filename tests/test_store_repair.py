@@ -3,12 +3,11 @@ a run tag deleted, its config garbled) comes back from its intact snapshots: `ve
 damaged file and lists the intact snapshots, `verify --repair` or the rerun itself points the
 branch at the newest one, the store then reads as that snapshot did, and the rerun finishes it
 as an uninterrupted run would have. Where nothing intact is left, the message says so and what
-to delete, and nothing is changed. Local stores and a store on object storage (moto on loopback)."""
+to delete, and nothing is changed. The scenarios run on a local store and on a store on object
+storage (moto on loopback): one body each, over the `store_url` fixture (conftest.py)."""
 
 from __future__ import annotations
 
-import itertools
-import logging
 import os
 import shutil
 import subprocess
@@ -20,22 +19,12 @@ import pytest
 import xarray as xr
 
 import store_drill
+from support.stores import TESTS, StoreObjects, comparable
 from workbench.cli import main
 from workbench.errors import StoreError
-from workbench.store import open_store, store_history, store_info, verify_store
+from workbench.store import store_history, store_info, verify_store
 
-TESTS = Path(__file__).resolve().parent
 POINTER = "refs/branch.main/ref.json"
-BUCKET = "workbench-repair-tests"
-_prefixes = itertools.count()
-
-
-def comparable(path: Path | str, model: str = store_drill.MODEL) -> xr.Dataset:
-    """A model's Dataset, loaded, labels as plain coordinates, provenance dropped (a resumed store
-    holds one record more than an uninterrupted one)."""
-    ds = open_store(path, model=model).load()
-    ds.attrs.pop("provenance")
-    return ds.reset_index([d for d in ("token", "run") if d in ds.indexes])
 
 
 def results(path: Path | str) -> int:
@@ -61,25 +50,27 @@ def interrupted(tmp_path_factory) -> Path:
     return path
 
 
-def _garble(file: Path) -> None:
-    file.write_bytes(bytes(b ^ 0xFF for b in file.read_bytes()))
+def _garble(data: bytes) -> bytes:
+    return bytes(b ^ 0xFF for b in data)
 
 
-DAMAGE: dict[str, Callable[[Path], None]] = {
-    "pointer deleted": lambda s: (s / POINTER).unlink(),
-    "pointer truncated": lambda s: (s / POINTER).write_bytes((s / POINTER).read_bytes()[:12]),
-    "pointer garbled": lambda s: _garble(s / POINTER),
+DAMAGE: dict[str, Callable[[StoreObjects], None]] = {
+    "pointer deleted": lambda s: s.delete(POINTER),
+    "pointer truncated": lambda s: s.write(POINTER, s.read(POINTER)[:12]),
+    "pointer garbled": lambda s: s.write(POINTER, _garble(s.read(POINTER))),
     # the tag is how a finished store's last snapshot is named; without it the stored snapshots are searched
-    "pointer and run tag deleted": lambda s: [f.unlink() for f in [s / POINTER, *(s / "refs").glob("tag.*/ref.json")]],
-    "config garbled": lambda s: _garble(s / "config.yaml"),
+    "pointer and run tag deleted": lambda s: [s.delete(key) for key in s.keys()
+                                              if key == POINTER or (key.startswith("refs/tag.") and key.endswith("/ref.json"))],
+    "config garbled": lambda s: s.write("config.yaml", _garble(s.read("config.yaml"))),
 }
 
 
-def _damaged_copy(source: Path, folder: Path, kind: str) -> tuple[Path, dict]:
-    store = folder / "damaged.zarr"
-    shutil.copytree(source, store)
+def _damaged_copy(source: Path, store: str, kind: str) -> tuple[str, dict]:
+    """A copy of the local store `source` at `store` (a path or an s3:// URL), damaged."""
+    objects = StoreObjects(store)
+    objects.copy_from(source)
     tip = store_history(store)[0]
-    DAMAGE[kind](store)
+    DAMAGE[kind](objects)
     return store, tip
 
 
@@ -97,12 +88,17 @@ def _names_what_is_left(out: str, store: Path | str, tip: dict, n_results: int, 
     assert f"workbench verify {store}`" not in out  # no advice points back to itself
 
 
-@pytest.mark.parametrize("which", ["finished", "interrupted"])
-@pytest.mark.parametrize("kind", list(DAMAGE))
-def test_verify_lists_the_intact_snapshots_and_repair_restores_the_newest(tmp_path, request, finished, which, kind,
+# every damage to both local stores; on object storage, to the finished one (each case there takes
+# seconds of the loopback server's requests)
+REPAIR_CASES = [("local", which, kind) for which in ("finished", "interrupted") for kind in DAMAGE]
+REPAIR_CASES += [("s3", "finished", kind) for kind in DAMAGE]
+
+
+@pytest.mark.parametrize("store_url, which, kind", REPAIR_CASES, indirect=["store_url"])
+def test_verify_lists_the_intact_snapshots_and_repair_restores_the_newest(store_url, request, finished, which, kind,
                                                                           capsys):
     source = request.getfixturevalue(which)
-    store, tip = _damaged_copy(source, tmp_path, kind)
+    store, tip = _damaged_copy(source, store_url, kind)
     assert main(["verify", str(store), "--no-progress"]) == 1
     _names_what_is_left(capsys.readouterr().out, store, tip, results(source), kind)
 
@@ -118,21 +114,26 @@ def test_verify_lists_the_intact_snapshots_and_repair_restores_the_newest(tmp_pa
     xr.testing.assert_identical(comparable(store), comparable(finished))
 
 
-@pytest.mark.parametrize("kind", ["pointer deleted", "pointer garbled", "config garbled"])
-def test_the_rerun_repairs_by_itself(tmp_path, interrupted, finished, kind, capsys):
-    store, tip = _damaged_copy(interrupted, tmp_path, kind)
-    assert store_drill.run(str(store)) == 0
+@pytest.mark.parametrize("store_url, which, kind", [
+    *[("local", "interrupted", kind) for kind in ("pointer deleted", "pointer garbled", "config garbled")],
+    ("s3", "finished", "pointer deleted"),
+], indirect=["store_url"])
+def test_the_rerun_repairs_by_itself(store_url, request, finished, which, kind, capsys):
+    source = request.getfixturevalue(which)
+    store, tip = _damaged_copy(source, store_url, kind)
+    assert store_drill.run(store) == 0
     out = capsys.readouterr().out
-    assert "repaired: " in out and "wrote 1" in out, out
+    assert "repaired: " in out and f"wrote {4 - results(source)}" in out.split("repaired: ")[-1], out
     assert verify_store(store) == []
     xr.testing.assert_identical(comparable(store), comparable(finished))
 
 
-def test_a_deleted_tag_alone_leaves_the_store_whole(tmp_path, finished, capsys):
+def test_a_deleted_tag_alone_leaves_the_store_whole(store_url, finished, capsys):
     """The branch still names the last snapshot: nothing to repair, the rerun adds nothing."""
-    store = tmp_path / "store.zarr"
-    shutil.copytree(finished, store)
-    (store / "refs" / "tag.run-1" / "ref.json").unlink()
+    store = store_url
+    objects = StoreObjects(store)
+    objects.copy_from(finished)
+    objects.delete("refs/tag.run-1/ref.json")
     assert main(["verify", str(store), "--no-progress", "--repair"]) == 0
     assert "nothing to repair" in capsys.readouterr().out
     xr.testing.assert_identical(comparable(store), comparable(finished))
@@ -161,7 +162,7 @@ def test_nothing_intact_says_what_to_delete_and_changes_nothing(tmp_path, finish
     shutil.copytree(finished, store)
     (store / POINTER).unlink()
     for snapshot in (store / "snapshots").iterdir():
-        _garble(snapshot)
+        snapshot.write_bytes(_garble(snapshot.read_bytes()))
     before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
     assert main(["verify", str(store), "--no-progress"]) == 1
@@ -176,68 +177,3 @@ def test_nothing_intact_says_what_to_delete_and_changes_nothing(tmp_path, finish
         store_drill.run(str(store))
     assert f"rm -r {store}" in (refused.value.hint or "") and "verify" not in refused.value.user_message()
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
-
-
-# -- a store on object storage ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    """A moto S3 server on a free loopback port, with one bucket; its endpoint URL."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    _client(endpoint).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
-
-
-def _client(endpoint: str):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                        region_name="us-east-1")
-
-
-@pytest.fixture
-def s3_url(moto_endpoint, monkeypatch) -> str:
-    for name, value in {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "test",
-                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    return f"s3://{BUCKET}/repair-{os.getpid()}-{next(_prefixes)}.zarr"
-
-
-S3_DAMAGE = {
-    "pointer deleted": lambda c, p: c.delete_object(Bucket=BUCKET, Key=f"{p}/{POINTER}"),
-    "pointer garbled": lambda c, p: c.put_object(Bucket=BUCKET, Key=f"{p}/{POINTER}", Body=b"\xff\xfe garbage"),
-    "pointer and run tag deleted": lambda c, p: [c.delete_object(Bucket=BUCKET, Key=f"{p}/{key}")
-                                                 for key in (POINTER, "refs/tag.run-1/ref.json")],
-    "config garbled": lambda c, p: c.put_object(Bucket=BUCKET, Key=f"{p}/config.yaml", Body=b"\x00: [garbage"),
-}
-
-
-@pytest.mark.parametrize("kind", list(S3_DAMAGE))
-def test_an_object_store_comes_back_the_same_way(s3_url, moto_endpoint, finished, kind, capsys):
-    assert store_drill.run(s3_url) == 0
-    tip = store_history(s3_url)[0]
-    S3_DAMAGE[kind](_client(moto_endpoint), s3_url.removeprefix(f"s3://{BUCKET}/"))
-    assert main(["verify", s3_url, "--no-progress"]) == 1
-    _names_what_is_left(capsys.readouterr().out, s3_url, tip, 4, kind)
-    assert main(["verify", s3_url, "--no-progress", "--repair"]) == 0
-    assert store_history(s3_url)[0]["snapshot"] == tip["snapshot"]
-    xr.testing.assert_identical(comparable(s3_url), comparable(finished))
-
-
-def test_an_object_store_rerun_repairs_by_itself(s3_url, moto_endpoint, finished, capsys):
-    assert store_drill.run(s3_url) == 0
-    _client(moto_endpoint).delete_object(Bucket=BUCKET, Key=f"{s3_url.removeprefix(f's3://{BUCKET}/')}/{POINTER}")
-    assert store_drill.run(s3_url) == 0
-    out = capsys.readouterr().out
-    assert "repaired: " in out and "wrote 0" in out.split("repaired: ")[-1], out
-    assert verify_store(s3_url) == []
-    xr.testing.assert_identical(comparable(s3_url), comparable(finished))

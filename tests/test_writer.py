@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import store_drill
-from test_store import assert_same_store
+from support.stores import assert_same_store
 from workbench.store import StoreError, StoreWriter, Variable, open_store
 from workbench.writer import COMMIT_SHARE, BackgroundWriter, captured_bytes
 
