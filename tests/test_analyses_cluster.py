@@ -86,6 +86,7 @@ def test_report_on_the_cluster_equals_the_local_one(store, cluster, tmp_path):
     assert_no_global_client()
 
 
+@pytest.mark.slow  # seconds of CPU each: `make test-slow` (CI runs it)
 def test_an_unreachable_scheduler_exits_1_and_leaves_nothing_behind(store, capsys):
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
         assert main(["analyze", str(store), "norm-ratio", "--scheduler", "tcp://127.0.0.1:9"]) == 1

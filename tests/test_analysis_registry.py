@@ -95,6 +95,7 @@ def workbench(*args: str, plugins_dir: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow  # seconds of CPU each: `make test-slow` (CI runs it)
 def test_a_plugin_outside_the_package_appears_in_analyze_and_report(small_store, tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()

@@ -100,6 +100,7 @@ def _reference(model, samples) -> dict[str, np.ndarray | float]:
             "boundary_rank": np.array([1 + int((table > table[i]).sum()) for i in ids])}
 
 
+@pytest.mark.slow  # seconds of CPU each: `make test-slow` (CI runs it)
 def test_atlas_table_equals_plain_hooks_and_the_weights(atlas_store, load_tiny, tmp_path):
     table = build_tables(atlas_store, ["atlas"])[0]
     assert table.skipped is None

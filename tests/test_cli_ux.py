@@ -351,6 +351,7 @@ def test_the_signal_tests_pass_when_the_suite_starts_with_sigint_ignored():
     assert "3 passed" in result.stdout
 
 
+@pytest.mark.slow  # seconds of CPU each: `make test-slow` (CI runs it)
 def test_conventions(tmp_path):
     bare = workbench()
     assert bare.returncode == 0 and "usage: workbench" in bare.stdout and "run " in bare.stdout

@@ -91,7 +91,8 @@ def _names_what_is_left(out: str, store: Path | str, tip: dict, n_results: int, 
 # every damage to both local stores; on object storage, to the finished one (each case there takes
 # seconds of the loopback server's requests)
 REPAIR_CASES = [("local", which, kind) for which in ("finished", "interrupted") for kind in DAMAGE]
-REPAIR_CASES += [("s3", "finished", kind) for kind in DAMAGE]
+REPAIR_CASES += [("s3", "finished", kind) if i == 0 else pytest.param("s3", "finished", kind, marks=pytest.mark.slow)
+                 for i, kind in enumerate(DAMAGE)]   # the first on every make test, every one in the slow suite
 
 
 @pytest.mark.parametrize("store_url, which, kind", REPAIR_CASES, indirect=["store_url"])
