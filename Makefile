@@ -48,7 +48,8 @@ clean-stores:
 # benchmarks/results/latest.json and the table into benchmarks/README.md.
 # `bench-quick`: tiny models only (~4 min); writes benchmarks/results/quick.json.
 # `bench-disk`: on-disk bytes of a store after a run ends against its arrays' bytes (~3 min).
-.PHONY: bench bench-quick bench-disk
+# `bench-cluster`: analyses on a dask cluster of a store 4x larger than each worker's memory limit.
+.PHONY: bench bench-quick bench-disk bench-cluster
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
@@ -57,3 +58,6 @@ bench-quick: $(STAMP)
 
 bench-disk: $(STAMP)
 	$(BIN)/python -m benchmarks.disk_bench --out benchmarks/results/disk.json
+
+bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.cluster_bench --store-mb 3072 --worker-mb 768 --out benchmarks/results/cluster.json

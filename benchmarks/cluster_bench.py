@@ -7,8 +7,8 @@ to several times the memory each worker is allowed. A `dask.distributed` cluster
 same command without `--scheduler` (dask's local threads) is the baseline. `depth` reads every
 row of `hidden` (the mean norm at every layer, and the update ratio between layers).
 
-Reported: the store's bytes against one worker's limit; each worker's peak RSS (its own
-`getrusage` maximum, asked of every worker after the run) against the limit; the wall time on
+Reported: the store's bytes against one worker's limit; each worker's peak RSS (sampled every
+0.2 s while the analysis runs, and before it, idle) against the limit; the wall time on
 the cluster against the local scheduler's, and the two tables (equal, or the run fails).
 
     python -m benchmarks.cluster_bench --out benchmarks/results/cluster.json
@@ -19,14 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .common import REPO
 
@@ -71,10 +73,34 @@ def analyze(store: Path, scheduler: str | None) -> tuple[float, str, int]:
     return wall, done.stdout, peak
 
 
-def worker_peaks(client: Any) -> list[int]:
-    """Each worker process's peak RSS in bytes (Linux's ru_maxrss is in KiB)."""
-    peaks = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return sorted(peaks.values())
+class RssSampler:
+    """Each worker process's resident memory, sampled every `interval` s while the analysis runs
+    (psutil, which dask.distributed depends on); `peaks` holds each worker's largest sample."""
+
+    def __init__(self, client: Any, interval: float = 0.2):
+        self.client, self.interval = client, interval
+        self.peaks: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for worker, rss in self.client.run(lambda: psutil.Process().memory_info().rss).items():
+            self.peaks[worker] = max(self.peaks.get(worker, 0), int(rss))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "RssSampler":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 def measure(target_mb: int, limit_mb: int, workers: int, dim: int, layers: int) -> dict[str, Any]:
@@ -88,9 +114,11 @@ def measure(target_mb: int, limit_mb: int, workers: int, dim: int, layers: int) 
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           memory_limit=f"{limit_mb}MiB", dashboard_address=None) as cluster, \
                 Client(cluster) as client:
-            baseline_peaks = worker_peaks(client)   # before any work: the workers' own footprint
-            cluster_wall, cluster_table, _ = analyze(store, cluster.scheduler_address)
-            peaks = worker_peaks(client)
+            with RssSampler(client) as idle:        # the workers' own footprint, before any work
+                time.sleep(1.0)
+            with RssSampler(client) as sampler:
+                cluster_wall, cluster_table, _ = analyze(store, cluster.scheduler_address)
+            peaks, baseline_peaks = sorted(sampler.peaks.values()), sorted(idle.peaks.values())
         if cluster_table != local_table:
             raise RuntimeError("the cluster's table differs from the local scheduler's")
         limit = limit_mb * 2**20
@@ -111,8 +139,8 @@ def measure(target_mb: int, limit_mb: int, workers: int, dim: int, layers: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store-mb", type=int, default=2048, help="the store's `hidden` bytes (MiB)")
-    parser.add_argument("--worker-mb", type=int, default=512, help="memory_limit of each worker (MiB)")
+    parser.add_argument("--store-mb", type=int, default=4096, help="the store's `hidden` bytes (MiB)")
+    parser.add_argument("--worker-mb", type=int, default=1024, help="memory_limit of each worker (MiB)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dim", type=int, default=2048, help="hidden width (2048: the study's 2B models)")
     parser.add_argument("--layers", type=int, default=28)
