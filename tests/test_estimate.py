@@ -58,7 +58,7 @@ def test_the_estimate_is_the_stored_bytes_per_condition_and_variable(estimated, 
     capsys.readouterr()
     ds = workbench.open_store(store, MODEL)
     conditions = sorted(set(ds.run_condition.values.tolist()))
-    assert conditions == sorted(model.bytes_per_condition) == ["alpha=0.5", "alpha=2.0", "baseline", "none"]
+    assert conditions == sorted(model.bytes_per_condition) == ["alpha[alpha=0.5]", "alpha[alpha=2.0]", "baseline", "none"]
     variables = list(model.variables)
     assert set(variables) == {"hidden", "keys", "embed", "lens_ids", "lens_logprobs", "logprobs", "generated"}
     for condition in conditions:

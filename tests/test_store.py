@@ -499,7 +499,10 @@ def test_a_full_disk_stops_with_a_message_and_the_rerun_finishes(tmp_path, small
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 1
     err = capsys.readouterr().err
     assert "the disk is full" in err and "keeps its last commit" in err and "rerun" in err, err
-    assert len(err.strip().splitlines()) == 2 and "Traceback" not in err  # the message and its hint
+    # the estimate warned before the run (captures past the tmpfs's free space), then the message and its hint
+    warning, *rest = err.strip().splitlines()
+    assert warning.startswith("warning: this run's captures are estimated at") and "free on the disk" in warning, err
+    assert len(rest) == 2 and "Traceback" not in err
     kept = _runs_stored(store)
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_tmpfs)], check=True)
     assert main(["run", str(spec), "--no-progress", "--no-table"]) == 0

@@ -98,7 +98,7 @@ def _warn_if_disk_is_short(spec: Any) -> None:
         _LOG.debug(f"no disk estimate: {err}")
         return
     if problem:
-        _LOG.warning(f"warning: {problem}")
+        _LOG.warning(problem)   # the formatter adds "warning: "
 
 
 def _remote_target(value: str) -> str:
