@@ -38,7 +38,7 @@ from . import accuracy as accuracy_module
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
 from .logits import kl_from_logprobs, top_token_rank
-from .streaming import as_dask, as_str, condition_sort_key, group_sums, layer_values, layout, means, pair_rows, \
+from .streaming import as_dask, as_str, condition_sort_key, group_sums, layer_values, layout, means, paired_groups, \
     pair_runs, per_group_dataset, row_map, take_rows
 
 OUTPUT_METRICS = ("kl", "rank", "agree")
@@ -167,12 +167,9 @@ def hidden_comparison(ds: xr.Dataset, reference: str = "baseline") -> xr.Dataset
     shape = (len(lay.samples), n_mod, len(HIDDEN_METRICS), len(layers))
     out = np.full((len(lay.conditions), *shape), np.nan)
     for c, condition in enumerate(lay.conditions):
-        rows_c, rows_r = pair_rows(lay, condition, reference)
-        known = lay.modality_code[rows_c] >= 0
-        rows_c, rows_r = rows_c[known], rows_r[known]
+        rows_c, rows_r, codes = paired_groups(lay, condition, reference, n_mod)
         if not len(rows_c):
             continue
-        codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
         lazy = group_sums(_hidden_rows(len(layers)), [take_rows(hidden.data, rows_c), take_rows(hidden.data, rows_r)],
                           codes, len(lay.samples) * n_mod, len(HIDDEN_METRICS) * len(layers))
         # one condition at a time: the reference's blocks are never all held at once (as kv.paired_cosine)

@@ -24,7 +24,8 @@ from workbench.store import MODALITIES
 from .bootstrap import N_RESAMPLES, SEED, summarize
 from .cache import MissingInputs, cached
 from .logits import next_token_comparison
-from .streaming import group_sums, layer_mean, layer_values, layout, means, pair_rows, per_group_dataset, take_rows
+from .streaming import (group_sums, layer_mean, layer_values, layout, means, paired_groups, per_group_dataset,
+                        take_rows)
 
 
 def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -68,12 +69,9 @@ def paired_cosine(ds: xr.Dataset, reference: str, names: list[str], heads: int |
     shape = (len(lay.samples), n_mod, len(layers), *((n_heads,) if heads else ()))
     out = {f"cos_{n}": np.full((len(lay.conditions), *shape), np.nan) for n in names}
     for c, condition in enumerate(lay.conditions):
-        rows_c, rows_r = pair_rows(lay, condition, reference)
-        known = lay.modality_code[rows_c] >= 0
-        rows_c, rows_r = rows_c[known], rows_r[known]
+        rows_c, rows_r, codes = paired_groups(lay, condition, reference, n_mod)
         if not len(rows_c):
             continue
-        codes = lay.sample_code[rows_c] * n_mod + lay.modality_code[rows_c]
         lazies = [group_sums(cosine, [take_rows(ds[name].data, rows_c), take_rows(ds[name].data, rows_r)], codes,
                              len(lay.samples) * n_mod, width) for name in names]
         # one compute per condition: the reference's blocks are read again for each condition,

@@ -263,6 +263,16 @@ def pair_rows(lay: Layout, condition: str, reference: str) -> tuple[np.ndarray, 
     return merged["row"].to_numpy(np.int64), merged["row_ref"].to_numpy(np.int64)
 
 
+def paired_groups(lay: Layout, condition: str, reference: str,
+                  n_modalities: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`pair_rows` restricted to tokens of a known modality, with each pair's group code
+    (sample x modality: `sample_code * n_modalities + modality_code`, what `group_sums` reduces over)."""
+    rows_c, rows_r = pair_rows(lay, condition, reference)
+    known = lay.modality_code[rows_c] >= 0
+    rows_c, rows_r = rows_c[known], rows_r[known]
+    return rows_c, rows_r, lay.sample_code[rows_c] * n_modalities + lay.modality_code[rows_c]
+
+
 def pair_runs(lay: Layout, condition: str, reference: str) -> tuple[np.ndarray, np.ndarray]:
     """Runs of `condition` and of `reference` for the same sample, aligned."""
     if condition not in lay.condition_rows or reference not in lay.condition_rows:
