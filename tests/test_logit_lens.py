@@ -38,8 +38,16 @@ def hooked_lens(model, encoding, k):
     finally:
         for hook in hooks:
             hook.remove()
+    text = model.hf.config.get_text_config()
+    scale = getattr(text, "logit_scale", None) or 1.0  # Cohere's, as its forward applies it
+    cap = getattr(text, "final_logit_softcapping", None) if model.arch.family == "paligemma" else None
+
+    def logits(h):
+        out = head(norm(h)) * scale
+        return cap * torch.tanh(out / cap) if cap else out
+
     with torch.inference_mode():
-        top = [torch.topk(torch.log_softmax(head(norm(h)).float(), -1), k, dim=-1) for h in seen]
+        top = [torch.topk(torch.log_softmax(logits(h).float(), -1), k, dim=-1) for h in seen]
     ids = torch.stack([t.indices for t in top], dim=1).numpy()
     logprobs = torch.stack([t.values for t in top], dim=1).numpy()
     return ids, logprobs, torch.log_softmax(final.float(), -1).numpy()

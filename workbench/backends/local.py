@@ -122,6 +122,7 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
                     item.read(model, layer, saved[r], rows[r].inputs, where)
                 else:
                     last = token_rows(model.module(model.arch.lm_head)[0].output, where)[0, -1]  # its last real position
+                    last = model.info.head_logits(last)
                     saved[r][("logprobs", None)] = [torch.log_softmax(saved_copy(last), -1)]
             if cache is None and keep_cache:
                 saved[0]["cache"] = model.lm.output.past_key_values

@@ -41,11 +41,24 @@ class ModelInfo(Record):
     """What can be known of a model from its config alone (no weights): enough to validate a plan.
     model_id, path, arch (an Architecture), n_layers, hidden_size, vocab_size, n_vision_layers
     (the vision tower's depth; 0 for a text model), kv_heads and head_dim (the stored `keys`,
-    `values` and `keys_pre` flatten (kv_heads, head_dim), heads first: `analyses.kv.per_head`)."""
+    `values` and `keys_pre` flatten (kv_heads, head_dim), heads first: `analyses.kv.per_head`),
+    logit_scale and logit_softcap (what the model's forward does to the head's output, read from
+    the config where the family declares them: `Architecture.logit_scale`, `logit_softcap`)."""
 
     _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers", "kv_heads",
-               "head_dim")
-    _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None}
+               "head_dim", "logit_scale", "logit_softcap")
+    _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None, "logit_scale": 1.0, "logit_softcap": None}
+    logit_scale: float
+    logit_softcap: float | None
+
+    def head_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits from `lm_head`'s output, as its forward makes them (Cohere's scale,
+        Gemma-2's soft cap): what the `logits` and `logit_lens` sites read."""
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
+        if self.logit_softcap is not None:
+            logits = (logits / self.logit_softcap).tanh() * self.logit_softcap
+        return logits
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -104,6 +117,7 @@ def model_info(model_id: str) -> ModelInfo:
         vocab_size=int(text.vocab_size),
         n_vision_layers=vision_depth(config, arch),
         **kv_shape(text),
+        **head_transform(text, arch),
     )
 
 
@@ -113,6 +127,14 @@ def kv_shape(text: Any) -> dict[str, int]:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
     return {"kv_heads": int(kv_heads), "head_dim": int(head_dim)}
+
+
+def head_transform(text: Any, arch: Architecture) -> dict[str, Any]:
+    """{logit_scale, logit_softcap} of a text config, where the family declares them."""
+    scale = getattr(text, arch.logit_scale, None) if arch.logit_scale else None
+    cap = getattr(text, arch.logit_softcap, None) if arch.logit_softcap else None
+    return {"logit_scale": float(scale) if scale is not None else 1.0,
+            "logit_softcap": float(cap) if cap is not None else None}
 
 
 def vision_depth(config: Any, arch: Architecture) -> int:

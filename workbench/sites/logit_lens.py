@@ -1,5 +1,6 @@
 """`logit_lens`: the top-k of log_softmax(lm_head(final_norm(h_l))) per position and residual
-layer l, computed in the trace (analyses never load weights)."""
+layer l (with the family's scale or cap of the head's output, `ModelInfo.head_logits`), computed
+in the trace (analyses never load weights)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class LogitLensCapture(Record):
         import torch
         hidden = token_rows(residual_envoy(model, layer).input, row)[0]
         norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
-        logprobs = torch.log_softmax(head(norm(hidden)).to(torch.float32), dim=-1)
+        logprobs = torch.log_softmax(model.info.head_logits(head(norm(hidden))).to(torch.float32), dim=-1)
         top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)
         saved.setdefault(("lens_ids", layer), []).append(top.indices.detach().clone())
         saved.setdefault(("lens_logprobs", layer), []).append(saved_copy(top.values))

@@ -4,9 +4,9 @@ image cropped into tiles plus a global view, each `TILE_<i>` / `TILE_GLOBAL` the
 the whole image between `<|START_OF_IMG|>` and `<|END_OF_IMG|>` (transformers 5.25
 models/aya_vision/processing_aya_vision.py).
 
-The model multiplies the head's output by `text_config.logit_scale` (0.0625 in aya-vision-8b); the
-`logits` and `logit_lens` sites read `lm_head`'s output, before that scale: their log-probabilities
-are the model's at temperature 1/logit_scale (the greedy token is the same)."""
+The model multiplies the head's output by `text_config.logit_scale` (0.0625 in aya-vision-8b;
+transformers 5.25 models/aya_vision/modeling_aya_vision.py): the `logits` and `logit_lens` sites
+apply it too (`logit_scale`)."""
 
 from .base import Architecture
 
@@ -31,6 +31,7 @@ AYA_VISION = Architecture(
     image_token="<|IMG_PATCH|>",
     boundary_tokens=("<|START_OF_IMG|>", "<|END_OF_IMG|>", "TILE_GLOBAL"),
     boundary_patterns=(r"TILE_\d+",),
+    logit_scale="logit_scale",
     tiny="tiny-aya_vision",
     client="tiny_aya_vision",
 )

@@ -25,6 +25,9 @@ PALIGEMMA = Architecture(
     # `labels` are left out
     drop_keys=("labels",),
     per_token_keys=("input_ids", "attention_mask", "token_type_ids"),
+    # PaliGemma 2's Gemma-2 decoder caps the head's output (transformers 5.25
+    # models/paligemma/modeling_paligemma.py); None in PaliGemma 1's config
+    logit_softcap="final_logit_softcapping",
     # the whole prompt is one bidirectional prefix: kv_swap (prefill n-1 tokens, decode the last)
     # would compute another model; the plan refuses it
     # positions are 1-based (the model adds 1 to the cache index): a padded decode step passes its own

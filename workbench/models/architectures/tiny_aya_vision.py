@@ -58,9 +58,8 @@ def build_tiny(out_dir: Path, seed: int) -> None:
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
             layer_types=["sliding_attention", "full_attention"], sliding_window=4096,
             bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=True,
-            # the `logits` site reads lm_head's output, before this scale (aya_vision.py): 1 here, so
-            # the tiny model's stored log-probabilities are the model's own (real: 0.0625)
-            logit_scale=1.0,
+            # not 1 (real: 0.0625), so the oracle tests see whether the sites apply it
+            logit_scale=0.5,
         ),
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=2, image_size=TILE, patch_size=PATCH,

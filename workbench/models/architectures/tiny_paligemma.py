@@ -47,6 +47,9 @@ def build_tiny(out_dir: Path, seed: int) -> None:
             model_type="gemma", vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
             rms_norm_eps=1e-6, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+            # PaliGemma 2's cap of the head's output (30 there; small here, so it bites on a tiny
+            # model's logits and the oracle tests see whether the sites apply it)
+            final_logit_softcapping=2.0,
         ),
         vision_config=dict(
             model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
