@@ -41,6 +41,37 @@ store: {{path: {store}}}
     assert not store.exists()
 
 
+def test_captures_along_one_layer_dim_with_other_layers_are_refused_before_writing(tmp_path, capsys):
+    """`layer` and `logit_lens` both store along `layer`: the store holds one coordinate per dim,
+    so different layer lists would fail at the first write; `validate` and `run` refuse them."""
+    spec = tmp_path / "dims.yaml"
+    store = tmp_path / "store.zarr"
+    spec.write_text(f"""\
+name: dims
+models: [tiny-llama]
+conditions: {{baseline: {{}}}}
+capture: [{{site: layer, layers: [0, 2]}}, {{site: logit_lens, layers: [1]}}, {{site: attn_out, layers: [0]}}]
+store: {{path: {store}}}
+""")
+    for command in ("validate", "run"):
+        assert main([command, str(spec), "--no-progress"] if command == "run" else [command, str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert ("dims.yaml:4: capture[1].layers: layers [1] differ from capture[0]'s [0, 2], "
+                "stored along the same dim 'layer'; expected the same layers") in err
+        assert "capture[2]" not in err  # attn_out is stored along decoder_layer
+    assert not store.exists()
+
+
+def test_all_layers_beside_explicit_ones_along_one_dim_are_refused_per_model(tmp_path, capsys):
+    spec = tmp_path / "all.yaml"
+    spec.write_text(f"name: all\nmodels: [tiny-llama]\nconditions: {{baseline: {{}}}}\n"
+                    f"capture: [{{site: layer}}, {{site: logit_lens, layers: [2]}}]\nstore: {{path: {tmp_path / 's.zarr'}}}\n")
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    assert ("capture[1].layers: tiny-llama: layers [2] differ from capture[0]'s [0, 1, 2], stored along the "
+            "same dim 'layer'; expected the same layers") in capsys.readouterr().err
+    assert not (tmp_path / "s.zarr").exists()
+
+
 def test_bad_cli_override_exits_2(tmp_path, capsys):
     spec = tmp_path / "ok.yaml"
     spec.write_text(f"name: ok\nmodels: [tiny-llama]\nconditions: {{baseline: {{}}}}\n"

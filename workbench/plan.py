@@ -138,6 +138,7 @@ class _Checker:
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
     """Each `capture` entry's reader, added by its site's declaration (`Site.capture`)."""
     plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
+    along: dict[str, tuple[int, tuple[int, ...]]] = {}  # a layer dim -> the first capture stored along it
     for i, item in enumerate(spec.capture):
         path = ("capture", i)
         if not check.site(item.site, path + ("site",), CAPTURE_SITES, "captured"):
@@ -152,6 +153,12 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             continue
         layers = (check.layers(item.layers, path + ("layers",), check.layer_range(item.site),
                                vision=entry.index == "vision_layer") if entry.index else None)
+        if layers is not None and any(entry.index in dims for dims in entry.stores.values()):
+            # one coordinate per dim in the store: captures along the same layer dim share it
+            first, first_layers = along.setdefault(entry.index, (i, layers))
+            if layers != first_layers:
+                check.add(path + ("layers",), f"layers {list(layers)} differ from capture[{first}]'s "
+                          f"{list(first_layers)}, stored along the same dim {entry.index!r}; expected the same layers")
         problem = entry.capture(plan, layers)
         if problem:
             check.add(path, problem)

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
+from ..sites import site as site_entry
 from .fields import (
     CAPTURE_SITES,
     DATA_SOURCES,
@@ -244,7 +245,7 @@ class Spec(_Model):
     @model_validator(mode="after")
     def _cross_references(self) -> "Spec":
         problems = _reference_problems(self.conditions) + _sweep_value_problems(self.conditions)
-        problems += _site_role_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
+        problems += _site_role_problems(self) + _capture_dim_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
         problems += _remote_kind_problems(self)
         if problems:
             _fail_many(problems)
@@ -364,6 +365,23 @@ def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
             if iv.site not in EDITABLE_SITES:
                 problems.append((("conditions", name, "interventions", j, "site"),
                                  f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(EDITABLE_SITES)}"))
+    return problems
+
+
+def _capture_dim_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
+    """Captures stored along one layer dim (`layer` and `logit_lens` along `layer`) with other
+    explicit layers: the store holds one coordinate per dim. `all` is resolved per model by the
+    plan (`workbench.plan`), which refuses the same."""
+    problems: list[tuple[SpecPath, str]] = []
+    along: dict[str, tuple[int, list[int]]] = {}
+    for i, item in enumerate(spec.capture):
+        entry = site_entry(item.site) if item.site in CAPTURE_SITES else None
+        if entry is None or item.layers == "all" or not any(entry.index in d for d in entry.stores.values()):
+            continue
+        first, layers = along.setdefault(entry.index, (i, list(item.layers)))
+        if list(item.layers) != layers:
+            problems.append((("capture", i, "layers"), f"layers {list(item.layers)} differ from capture[{first}]'s "
+                             f"{layers}, stored along the same dim {entry.index!r}; expected the same layers"))
     return problems
 
 
