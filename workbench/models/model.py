@@ -259,9 +259,12 @@ class InputEncoder:
         if not self.arch.is_multimodal:
             return set()
         vocab = self.tokenizer.get_vocab()
-        # every vocab entry: some families' boundary tokens are bare words (Aya Vision's `TILE_GLOBAL`)
-        # or bracketed (Pixtral's `[IMG_BREAK]`)
-        return {i for tok, i in vocab.items() if is_boundary_token(self.arch, tok)}
+        # literal tokens by name (some are bare words, Aya Vision's `TILE_GLOBAL`, or bracketed,
+        # Pixtral's `[IMG_BREAK]`); only numbered ones (`<row_1_col_2>`, `TILE_3`) need a scan
+        found = {vocab[tok] for tok in self.arch.boundary_tokens if tok in vocab}
+        if self.arch.boundary_patterns:
+            found |= {i for tok, i in vocab.items() if is_boundary_token(self.arch, tok)}
+        return found
 
 
 class WorkbenchModel:
