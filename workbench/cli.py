@@ -221,7 +221,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .models.refs import resolve_model
 
     _quiet_libraries()
-    resolve_model(args.model, "command line: MODEL")  # as `run --models` resolves it, with the same messages
+    # as `run --models` resolves it, with the same messages; an unregistered type's layout is inferred
+    resolve_model(args.model, "command line: MODEL", infer=True)
     return 0 if print_results(args.model, check_model(args.model, device=args.device, dtype=args.dtype)) else 1
 
 

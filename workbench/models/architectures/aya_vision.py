@@ -31,6 +31,7 @@ AYA_VISION = Architecture(
     image_token="<|IMG_PATCH|>",
     boundary_tokens=("<|START_OF_IMG|>", "<|END_OF_IMG|>", "TILE_GLOBAL"),
     boundary_patterns=(r"TILE_\d+",),
+    hub_id="CohereLabs/aya-vision-8b",
     tiny="tiny-aya_vision",
     client="tiny_aya_vision",
 )

@@ -59,6 +59,7 @@ class Architecture(Record):
       forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
       not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
       (the attention capture's) once a submodule inside it was requested
+    hub_id: a real checkpoint of the family on the Hugging Face hub (an example, for listings)
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -67,7 +68,7 @@ class Architecture(Record):
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -76,7 +77,7 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
-                 "tiny": None, "client": None}
+                 "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
     mrope: bool
