@@ -39,11 +39,19 @@ def declared_paths(arch: Architecture) -> dict[str, str]:
     return {role: path for role, path in paths.items() if path}
 
 
-def _submodule(model: Any, path: str) -> Any | None:
+def _resolves(model: Any, path: str) -> bool:
+    """Whether `path` names a module of `model`; a `*` component (as `WorkbenchModel.module` reads
+    it) stands for every child of a non-empty list of modules."""
+    head, star, rest = path.partition(".*")
     try:
-        return model.get_submodule(path)
+        found = model.get_submodule(head)
     except AttributeError:
-        return None
+        return False
+    if not star:
+        return True
+    children = list(found.children())
+    rest = rest.removeprefix(".")
+    return bool(children) and all(_resolves(child, rest) if rest else True for child in children)
 
 
 def layout_problems(arch: Architecture, model: Any, config: Any) -> list[str]:
@@ -51,7 +59,7 @@ def layout_problems(arch: Architecture, model: Any, config: Any) -> list[str]:
     module paths that do not resolve, sub-configs that are absent, layer lists of another length."""
     import torch
 
-    missing = [path for path in declared_paths(arch).values() if _submodule(model, path) is None]
+    missing = [path for path in declared_paths(arch).values() if not _resolves(model, path)]
     problems = [f"no module {path}" for path in missing]
     for sub in (arch.text_config, arch.vision_config if arch.is_multimodal else None):
         if sub and getattr(config, sub, None) is None:
