@@ -41,6 +41,16 @@ class FamilyEntry(Record):
 
     _fields = ("family", "model_types", "model_classes", "tiny", "hub_id", "text_only", "sites", "sites_refused",
                "interventions", "interventions_refused")
+    family: str
+    model_types: list[str]
+    model_classes: list[str]
+    tiny: str | None
+    hub_id: str | None
+    text_only: bool
+    sites: list[str]
+    sites_refused: dict[str, str]
+    interventions: dict[str, list[str]]
+    interventions_refused: dict[str, str]
 
     def as_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}
