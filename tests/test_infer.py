@@ -81,6 +81,25 @@ def test_the_inferred_module_map_reads_the_models_own_modules(tiny_vipllava):
     assert "model.multi_modal_projector.projector_layernorm" in names  # VipLlava's own connector, read as LLaVA's
 
 
+def test_an_unregistered_text_model_is_read_as_llama(tmp_path, capsys):
+    """Qwen2 (model type `qwen2`, no family of its own) has Llama's module tree."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from workbench.models.architectures.tiny_llama import LLAMA_CHAT_TEMPLATE, LLAMA_SPECIAL_TOKENS
+    from workbench.models.tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _init_model, _save
+
+    tokenizer = _byte_level_tokenizer(LLAMA_SPECIAL_TOKENS, chat_template=LLAMA_CHAT_TEMPLATE,
+                                      add_bos="<|begin_of_text|>", bos_token="<|begin_of_text|>",
+                                      eos_token="<|eot_id|>", pad_token="<|end_of_text|>")
+    config = Qwen2Config(vocab_size=_VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    _save(_init_model(Qwen2ForCausalLM, config, seed=0), tokenizer, tmp_path)
+    assert main(["check", str(tmp_path), "--device", "cpu", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "model type 'qwen2' (Qwen2ForCausalLM) is not registered; its modules follow the layout of family 'llama'" in out
+    assert "PASS  residual stream = plain forward pre-hooks: max |difference| 0.00e+00 over 4 layers" in out
+
+
 def test_a_model_that_follows_no_layout_is_refused_naming_what_is_missing(tmp_path, capsys):
     """GPT-2 (`transformer.h`, `transformer.wte`): no registered layout's paths resolve."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -93,5 +112,5 @@ def test_a_model_that_follows_no_layout_is_refused_naming_what_is_missing(tmp_pa
     _save(_init_model(GPT2LMHeadModel, config, seed=0), tokenizer, tmp_path)
     assert main(["check", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert f"model type 'gpt2' (GPT2LMHeadModel) is not registered and its modules follow no known layout" in err
+    assert "model type 'gpt2' (GPT2LMHeadModel) is not registered and its modules follow no known layout" in err
     assert "llama: no module model.embed_tokens, no module model.layers, no module model.norm" in err
