@@ -59,8 +59,26 @@ def test_each_entry_is_its_familys_record(listed, arch):
     assert (vision_sites <= set(entry["sites_refused"])) == (arch.vision is None)
     assert ("image: blank" in entry["interventions_refused"]) == (arch.vision is None)
     assert ("layer.pre_deepstack" in entry["sites"]) == arch.deepstack
-    assert ("kv_swap" in entry["interventions_refused"]) == arch.prefix_lm
+    if arch.prefix_lm:
+        assert "kv_swap" in entry["interventions_refused"]
+    assert ("kv_swap" in entry["interventions_refused"]) == kv_swap_refused(arch)
     assert parts <= set(entry["interventions"]["scale"]) | set(entry["sites_refused"])
+
+
+def kv_swap_refused(arch) -> bool:
+    """Whether `compile_plan` refuses a spec with a kv_swap for the family (its config's defaults)."""
+    from workbench.models.model import info_from_config
+    from workbench.plan import PlanError, compile_plan
+    from workbench.spec import parse_spec
+
+    info = info_from_config("org/model", "", getattr(transformers, arch.model_class).config_class(), arch)
+    spec = parse_spec("name: swap\nmodels: [org/model]\ndata: {source: builtin, n: 1}\nstore: {path: s.zarr}\n"
+                      "conditions:\n  base: {}\n  swap: {kv_swap: {donor: base}}\ncapture: [{site: logits}]\n")
+    try:
+        compile_plan(spec, info)
+    except PlanError:
+        return True
+    return False
 
 
 def test_the_text_listing_names_each_family_its_tiny_model_and_hub_id(listed, capsys):
