@@ -3,11 +3,12 @@
 A checkpoint whose config names no registered class (e.g. `vipllava`, whose modules are LLaVA's)
 is built on the meta device from its config alone (no weights: accelerate's `init_empty_weights`
 idea, with torch's own `torch.device("meta")` context), and its module tree is matched against
-every registered family's declared module paths (`declared_paths`). The first family, in registry
-order, all of whose paths resolve, whose layer lists are `ModuleList`s as long as the config says
-and whose sub-configs exist, is the inferred layout: the model is read with that family's paths,
-quirks and processor loader, under its own model type. A model that follows no layout gets one
-message naming, for the nearest layouts, the paths it lacks.
+every registered family's declared module paths (`declared_paths`). A family fits when all its
+paths resolve, its layer lists are `ModuleList`s as long as the config says and its sub-configs
+exist; of the families that fit, the one whose language model and vision tower (in its config
+class's defaults) are of the model's own types is taken, then the first registered. The model is
+read with that family's paths, quirks and processor loader, under its own model type. A model that
+follows no layout gets one message naming, for the nearest layouts, the paths it lacks.
 
 Client side only (transformers, torch): never shipped to a server.
 """
