@@ -96,7 +96,8 @@ def test_an_unregistered_text_model_is_read_as_llama(tmp_path, capsys):
     _save(_init_model(Qwen2ForCausalLM, config, seed=0), tokenizer, tmp_path)
     assert main(["check", str(tmp_path), "--device", "cpu", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    assert "model type 'qwen2' (Qwen2ForCausalLM) is not registered; its modules follow the layout of family 'llama'" in out
+    assert ("model type 'qwen2' (Qwen2ForCausalLM) is not registered; its modules follow the layout of family "
+            "'llama'") in out
     assert "PASS  residual stream = plain forward pre-hooks: max |difference| 0.00e+00 over 4 layers" in out
 
 
