@@ -5,8 +5,8 @@ of `GENERATORS`); the hook replaces it with Markdown built from the registries o
 intervention kinds (`workbench.extend`), sites (`workbench.sites`), capture variables, data
 sources and every spec option (the pydantic models of `workbench.spec`), the CLI's `--help`, the
 model families (`workbench families`' entries, and `workbench.models.architectures`' paths) and the
-analyses (`analyses.registry`), each analysis with its table and figures computed from a synthetic store (`analyses.synthetic`)
-written at build time. `benchmarks.md` is `benchmarks/README.md` itself, so the report has one
+analyses (`analyses.registry`), each analysis with its table and figures computed from a synthetic
+store (`analyses.synthetic`) written at build time. `benchmarks.md` is `benchmarks/README.md` itself, so the report has one
 source. Hooks API: mkdocs 1.6 mkdocs/plugins.py (`on_files`, `on_page_markdown`), `File.generated`
 in mkdocs/structure/files.py.
 """
