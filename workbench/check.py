@@ -9,7 +9,11 @@ and compares what the workbench reads with independent computations:
 - α = 1: scaling the projector output by 1 leaves every layer exactly as the baseline.
 
 Each check reports PASS or FAIL with the measured difference (N/A where it does not apply, e.g.
-the image checks on a text-only model)."""
+the image checks on a text-only model).
+
+A model of a type no family registers is read through the layout its modules follow
+(`workbench.models.infer`): the first line (INFO) names the family whose module paths it was
+matched to, and the checks then say whether that reading is right."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ RESIDUAL_TOLERANCE = 1e-4  # float32; bfloat16 models are compared in their own 
 
 
 class CheckResult(Record):
-    """One check: its name, PASS / FAIL / N/A, and what was measured."""
+    """One check: its name, PASS / FAIL / N/A (INFO: what was inferred), and what was measured."""
 
     _fields = ("name", "status", "detail")
 
@@ -68,10 +72,12 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
     from .capture import CapturePlan, ResidualCapture
     from .data import builtin_samples
     from .interventions.scale import Scale
-    from .models.model import load_model
+    from .models.infer import inferred_info
+    from .models.model import WorkbenchModel
     from .plan import ConditionPlan, ModelPlan
 
-    model = load_model(model_id, device=device, dtype=dtype)
+    info, layout = inferred_info(model_id)
+    model = WorkbenchModel(info, device=device, dtype=dtype)
     sample = builtin_samples(1)[0]
     multimodal = bool(model.arch.projector)
     mode = "real" if multimodal else "none"
@@ -80,7 +86,7 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
     baseline = ConditionPlan("baseline", {}, mode, ())
     by_image = {mode: inputs}
     ours = run_condition(model, by_image, baseline, plan).tokens["hidden"]
-    results = []
+    results = [CheckResult("module map inferred", "INFO", layout.describe())] if layout else []
 
     model.prepare()
     reference = _hooked_residuals(model, inputs.encoding)

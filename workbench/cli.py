@@ -1,4 +1,4 @@
-"""The `workbench` command line: run, validate, info, verify, analyze, report."""
+"""The `workbench` command line: run, validate, info, verify, analyze, report, check, families."""
 
 from __future__ import annotations
 
@@ -221,8 +221,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .models.refs import resolve_model
 
     _quiet_libraries()
-    resolve_model(args.model, "command line: MODEL")  # as `run --models` resolves it, with the same messages
+    # as `run --models` resolves it, with the same messages; an unregistered type's layout is inferred
+    resolve_model(args.model, "command line: MODEL", infer=True)
     return 0 if print_results(args.model, check_model(args.model, device=args.device, dtype=args.dtype)) else 1
+
+
+def cmd_families(args: argparse.Namespace) -> int:
+    from .families import family_entries, format_entries
+
+    _quiet_libraries()
+    entries = family_entries()
+    print(json.dumps([e.as_json() for e in entries], indent=2) if args.json else format_entries(entries))
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -352,6 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     check.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     check.set_defaults(func=cmd_check)
+
+    families = sub.add_parser("families", parents=[common], help="every supported model family and what applies to it",
+                              description="Each registered family: its model types and classes, its tiny model, an "
+                              "example hub id, the sites and interventions that apply, and why the others do not "
+                              "(asked of each family's config as `validate --models-check` asks, no weights). A model "
+                              "of another type whose modules follow one of these layouts is read by `workbench check`.")
+    families.add_argument("--json", action="store_true", help="a JSON list, one object per family")
+    families.set_defaults(func=cmd_families)
 
     verify = sub.add_parser("verify", parents=[common], help="read every chunk of a store and check its checksum",
                             description="Read every chunk of STORE's last commit, check each CRC-32C, and report "

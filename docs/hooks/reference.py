@@ -4,9 +4,9 @@ A hand-written page holds a marker `<!-- generated: NAME -->` where a generated 
 of `GENERATORS`); the hook replaces it with Markdown built from the registries of this checkout:
 intervention kinds (`workbench.extend`), sites (`workbench.sites`), capture variables, data
 sources and every spec option (the pydantic models of `workbench.spec`), the CLI's `--help`, the
-model families (`workbench.models.architectures`) and the analyses (`analyses.registry`), each
-analysis with its table and figures computed from a synthetic store (`analyses.synthetic`)
-written at build time. `benchmarks.md` is `benchmarks/README.md` itself, so the report has one
+model families (`workbench families`' entries, and `workbench.models.architectures`' paths) and the
+analyses (`analyses.registry`), each analysis with its table and figures computed from a synthetic
+store (`analyses.synthetic`) written at build time. `benchmarks.md` is `benchmarks/README.md` itself, so the report has one
 source. Hooks API: mkdocs 1.6 mkdocs/plugins.py (`on_files`, `on_page_markdown`), `File.generated`
 in mkdocs/structure/files.py.
 """
@@ -209,6 +209,23 @@ def cli() -> str:
     return "\n\n".join(parts)
 
 
+def family_listing() -> str:
+    """`workbench families` as a table: one row per entry of `workbench.families.family_entries`."""
+    from workbench.families import family_entries
+
+    def but(refused: dict[str, str], what: str) -> str:
+        if not refused:
+            return f"every {what}"
+        return f"every {what} but " + "; ".join(f"{_code(name)} ({why})" for name, why in refused.items())
+
+    rows = [[_code(e.family), ", ".join(_code(t) for t in e.model_types), _code(e.tiny) if e.tiny else "—",
+             _code(e.hub_id) if e.hub_id else "—", "yes" if e.text_only else "",
+             but(e.sites_refused, "site"), but(e.interventions_refused, "kind and condition")]
+            for e in family_entries()]
+    return _table(["family", "model types", "tiny model", "example hub id", "text only", "sites",
+                   "interventions"], rows)
+
+
 def families() -> str:
     from workbench.models.architectures import ARCHITECTURES
 
@@ -290,7 +307,7 @@ def catalogue() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "interventions": interventions, "sites": site_rows, "captures": captures, "data": data_sources,
-    "options": options, "cli": cli, "families": families, "catalogue": catalogue,
+    "options": options, "cli": cli, "family-listing": family_listing, "families": families, "catalogue": catalogue,
 }
 
 

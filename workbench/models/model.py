@@ -89,6 +89,16 @@ TINY_HINT = ("offline, the tiny models run any spec: --models tiny-smolvlm,tiny-
              "(and --data builtin for the built-in samples)")
 
 
+class UnregisteredModelError(ModelError):
+    """A readable config whose model class no family registers (`workbench check` infers its
+    layout from it: `workbench.models.infer`)."""
+
+    def __init__(self, message: str, path: str, config: Any):
+        super().__init__(message, hint="add a family file under workbench/models/architectures/, or use a "
+                         "supported model (`workbench families` lists them)")
+        self.path, self.config = path, config
+
+
 def model_info(model_id: str) -> ModelInfo:
     """The model's config, read without weights. Raises ModelError (exit 2) naming the model and
     why: a directory without a model, a hub id that cannot be reached or found, an architecture
@@ -105,8 +115,13 @@ def model_info(model_id: str) -> ModelInfo:
     try:
         arch = architecture_for(getattr(config, "architectures", None))
     except ValueError as exc:
-        raise ModelError(f"model {model_id!r} (model_type {getattr(config, 'model_type', '?')!r}): {exc}",
-                         hint="add a family file under workbench/models/architectures/, or use a supported model") from None
+        raise UnregisteredModelError(f"model {model_id!r} (model_type {getattr(config, 'model_type', '?')!r}): {exc}",
+                                     path, config) from None
+    return info_from_config(model_id, path, config, arch)
+
+
+def info_from_config(model_id: str, path: str, config: Any, arch: Architecture) -> ModelInfo:
+    """The `ModelInfo` of a config read as family `arch` describes it."""
     text = getattr(config, arch.text_config) if arch.text_config else config
     return ModelInfo(
         model_id=model_id,
@@ -203,7 +218,9 @@ class InputEncoder:
         from .tiny import load_processor
 
         self.arch, self.device, self.dtype = info.arch, device, dtype
-        self.processor = load_processor(Path(info.path) if os.path.isdir(info.path) else info.path, self.arch.family)
+        # the Architecture itself, not its family's name: an inferred layout (`workbench.models.infer`)
+        # names an unregistered type but reads its processor as the family whose layout it follows
+        self.processor = load_processor(Path(info.path) if os.path.isdir(info.path) else info.path, self.arch)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self._boundary_ids = self._find_boundary_ids()
         self.image_token_id = (

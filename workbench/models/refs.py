@@ -59,16 +59,19 @@ def model_ref_problem(value: Any) -> str | None:
     return f"unknown model {value!r}{hint}; expected {MODEL_EXPECTED}"
 
 
-def resolve_model(value: str, where: str) -> "ModelInfo":
+def resolve_model(value: str, where: str, infer: bool = False) -> "ModelInfo":
     """The model `value` names, its config read (no weights); a ModelError (exit 2) located at
-    `where` ("command line: --models[0]", "spec.yaml:3: models[0]", "command line: MODEL")."""
+    `where` ("command line: --models[0]", "spec.yaml:3: models[0]", "command line: MODEL").
+    infer: a model of an unregistered type is read through the layout its modules follow
+    (`workbench.models.infer`, for `workbench check`) instead of refused."""
     from ..errors import ModelError
+    from .infer import inferred_info
     from .model import model_info
 
     problem = model_ref_problem(value)
     if problem is not None:
         raise ModelError(f"{where}: {problem}")
     try:
-        return model_info(value)
+        return inferred_info(value)[0] if infer else model_info(value)
     except ModelError as err:
         raise ModelError(f"{where}: {err}", hint=err.hint) from err

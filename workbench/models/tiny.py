@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .architectures import Architecture
 from .architectures import family as _family
 from .architectures import tiny_architectures
 from .architectures.tiny_llama import LLAMA_CHAT_TEMPLATE, LLAMA_SPECIAL_TOKENS  # noqa: F401
@@ -107,10 +108,10 @@ def tiny_model_dir(name: str, root: Path | None = None) -> Path:
 
 
 
-def load_processor(model_dir: Path | str, family: str):
+def load_processor(model_dir: Path | str, family: str | Architecture):
     """The processor of a saved checkpoint directory (real or tiny), or a hub id, for `family`
-    (a registered family name): the family's own `load_processor` (image-only composite processor
-    for VLMs, the tokenizer alone for text models). family "llama" gives the tokenizer of any
-    checkpoint."""
-    arch = _family(family)  # ValueError naming the known families
+    (a registered family name, or an `Architecture`): the family's own `load_processor` (image-only
+    composite processor for VLMs, the tokenizer alone for text models). family "llama" gives the
+    tokenizer of any checkpoint."""
+    arch = family if isinstance(family, Architecture) else _family(family)  # ValueError naming the known families
     return client(arch).load_processor(model_dir)

@@ -32,6 +32,7 @@ AYA_VISION = Architecture(
     boundary_tokens=("<|START_OF_IMG|>", "<|END_OF_IMG|>", "TILE_GLOBAL"),
     boundary_patterns=(r"TILE_\d+",),
     logit_scale="logit_scale",
+    hub_id="CohereLabs/aya-vision-8b",
     tiny="tiny-aya_vision",
     client="tiny_aya_vision",
 )

@@ -63,6 +63,7 @@ class Architecture(Record):
       head's output (Cohere's `logit_scale` multiplies it; PaliGemma's `final_logit_softcapping`
       caps it, c * tanh(x / c)); the `logits` and `logit_lens` sites read `lm_head` and apply the
       same (`ModelInfo.head_logits`), so stored log-probabilities are the model's own
+    hub_id: a real checkpoint of the family on the Hugging Face hub (an example, for listings)
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -72,7 +73,7 @@ class Architecture(Record):
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "logit_scale", "logit_softcap",
-               "tiny", "client")
+               "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -81,7 +82,7 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
-                 "logit_scale": None, "logit_softcap": None, "tiny": None, "client": None}
+                 "logit_scale": None, "logit_softcap": None, "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
     mrope: bool

@@ -29,6 +29,7 @@ GEMMA3 = Architecture(
     # peri-LN: what each branch adds to the residual stream is its post-norm's output
     # (post_attention_layernorm(self_attn(...)), post_feedforward_layernorm(mlp(...)))
     branch_outputs={"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
+    hub_id="google/gemma-3-4b-it",
     tiny="tiny-gemma3",
     client="tiny_gemma3",
 )

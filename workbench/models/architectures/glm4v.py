@@ -27,6 +27,7 @@ GLM4V = Architecture(
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
     # sandwich norms: what each branch adds is the output of the norm after it
     branch_outputs={"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"},
+    hub_id="zai-org/GLM-4.1V-9B-Thinking",
     tiny="tiny-glm4v",
     client="tiny_glm4v",
 )

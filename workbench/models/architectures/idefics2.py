@@ -22,6 +22,7 @@ IDEFICS2 = Architecture(
     image_token="<image>",
     boundary_tokens=("<fake_token_around_image>",),
     nest_images=True,  # the processor takes images per sample: [[img]]
+    hub_id="HuggingFaceM4/idefics2-8b",
     tiny="tiny-idefics2",
     client="tiny_idefics2",
 )

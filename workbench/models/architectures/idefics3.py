@@ -23,6 +23,7 @@ IDEFICS3 = Architecture(
     boundary_tokens=("<fake_token_around_image>", "<global-img>"),
     boundary_patterns=(r"<row_\d+_col_\d+>",),
     nest_images=True,  # the processor takes images per sample: [[img]]
+    hub_id="HuggingFaceM4/Idefics3-8B-Llama3",
     tiny="tiny-idefics3",
     client="tiny_idefics3",
 )

@@ -23,6 +23,7 @@ INTERNVL = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="<IMG_CONTEXT>",
     boundary_tokens=("<img>", "</img>"),
+    hub_id="OpenGVLab/InternVL3-1B-hf",
     tiny="tiny-internvl",
     client="tiny_internvl",
 )

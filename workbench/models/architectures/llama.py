@@ -11,6 +11,7 @@ LLAMA = Architecture(
     final_norm="model.norm",
     lm_head="lm_head",
     text_config=None,
+    hub_id="meta-llama/Llama-3.1-8B",
     tiny="tiny-llama",
     client="tiny_llama",
 )

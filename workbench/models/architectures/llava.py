@@ -22,6 +22,7 @@ LLAVA = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",  # no framing tokens
+    hub_id="llava-hf/llava-1.5-7b-hf",
     tiny="tiny-llava",
     client="tiny_llava",
 )

@@ -27,6 +27,7 @@ LLAVA_NEXT = Architecture(
     # (they carry what the image side put there); no framing tokens
     tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",
+    hub_id="llava-hf/llava-v1.6-mistral-7b-hf",
     tiny="tiny-llava_next",
     client="tiny_llava_next",
 )

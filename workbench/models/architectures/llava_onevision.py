@@ -21,6 +21,7 @@ LLAVA_ONEVISION = Architecture(
     projector_parts={"linear_1": "model.multi_modal_projector.linear_1",
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="<image>",  # every feature row, newline rows included; no framing tokens
+    hub_id="llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
     tiny="tiny-llava_onevision",
     client="tiny_llava_onevision",
 )

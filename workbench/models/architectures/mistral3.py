@@ -25,6 +25,7 @@ MISTRAL3 = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="[IMG]",
     boundary_tokens=("[IMG_BREAK]", "[IMG_END]"),
+    hub_id="mistralai/Mistral-Small-3.1-24B-Instruct-2503",
     tiny="tiny-mistral3",
     client="tiny_mistral3",
 )

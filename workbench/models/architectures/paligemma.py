@@ -33,6 +33,7 @@ PALIGEMMA = Architecture(
     # positions are 1-based (the model adds 1 to the cache index): a padded decode step passes its own
     prefix_lm=True,
     position_offset=1,
+    hub_id="google/paligemma2-3b-pt-224",
     tiny="tiny-paligemma",
     client="tiny_paligemma",
 )

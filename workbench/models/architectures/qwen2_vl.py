@@ -22,6 +22,7 @@ QWEN2_VL = Architecture(
     boundary_tokens=("<|vision_start|>", "<|vision_end|>"),
     mrope=True,  # `rope_deltas` cached on the model between forwards
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
+    hub_id="Qwen/Qwen2-VL-2B-Instruct",
     tiny="tiny-qwen2_vl",
     client="tiny_qwen2_vl",
 )

@@ -28,6 +28,7 @@ QWEN3VL = Architecture(
     deepstack=True,
     # required whenever image_grid_thw is passed, one entry per token
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
+    hub_id="Qwen/Qwen3-VL-2B-Instruct",
     tiny="tiny-qwen3vl",
     client="tiny_qwen3vl",
 )

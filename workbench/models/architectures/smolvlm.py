@@ -22,6 +22,7 @@ SMOLVLM = Architecture(
     boundary_tokens=("<fake_token_around_image>", "<global-img>"),
     boundary_patterns=(r"<row_\d+_col_\d+>",),
     nest_images=True,  # the processor splits images per sample: [[img]]
+    hub_id="HuggingFaceTB/SmolVLM2-2.2B-Instruct",
     tiny="tiny-smolvlm",
     client="tiny_smolvlm",
 )
