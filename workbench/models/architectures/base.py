@@ -59,6 +59,10 @@ class Architecture(Record):
       forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
       not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
       (the attention capture's) once a submodule inside it was requested
+    router: the router of a mixture-of-experts decoder layer, a module path inside the layer whose
+      output is a tuple holding the router logits (site `router`); None: no MoE. Layers without
+      that module are dense (Llama 4 interleaves dense and MoE layers)
+    router_logits: the index of the logits (tokens, experts) in the router's output tuple
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -67,7 +71,7 @@ class Architecture(Record):
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "router", "router_logits", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -76,6 +80,7 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
+                 "router": None, "router_logits": 0,
                  "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
@@ -84,6 +89,8 @@ class Architecture(Record):
     prefix_lm: bool
     position_offset: int
     tower_prefix_rows: int
+    router: str | None
+    router_logits: int
 
     @property
     def is_multimodal(self) -> bool:
