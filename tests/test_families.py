@@ -201,7 +201,7 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
 # LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output; so, but for
 # the conv's bias, is GLM-4V's (a conv and a linear map, then a LayerNorm)
 NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-qwen2_vl", "tiny-gemma3", "tiny-internvl", "tiny-aya_vision",
-              "tiny-glm4v", "tiny-mistral3"}
+              "tiny-glm4v", "tiny-mistral3", "tiny-qwen3_vl_moe"}
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)
