@@ -14,7 +14,7 @@ DEEPSEEK_VL = Architecture(
     final_norm="model.language_model.norm",
     lm_head="lm_head",
     vision="model.vision_model",
-    vision_layers="model.vision_model.vision_model.encoder.layers",
+    vision_layers="model.vision_model.encoder.layers",
     # the tower's last_hidden_state, one row per patch (no CLS in SigLIP), as the aligner receives it
     vision_output=("model.aligner", "input"),
     projector=("model.aligner",),
