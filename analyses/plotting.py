@@ -136,9 +136,11 @@ def colorbar(fig: Figure, mappable: ScalarMappable, axes: Sequence[Axes], label:
         plain_log_ticks(bar.ax.yaxis)
 
 
-def heatmap(fig: Figure, ax: Axes, values: xr.DataArray, x: str, y: str, label: str, vmin: float | None = None) -> None:
-    """`values` (dims y, x) as an image with whole-number ticks on both axes and its colour bar."""
-    image = ax.imshow(values.transpose(y, x).values, aspect="auto", origin="lower", cmap="viridis", vmin=vmin,
+def heatmap(fig: Figure, ax: Axes, values: xr.DataArray, x: str, y: str, label: str, vmin: float | None = None,
+            vmax: float | None = None) -> None:
+    """`values` (dims y, x) as an image with whole-number ticks on both axes and its colour bar
+    (vmin, vmax: one colour scale across panels)."""
+    image = ax.imshow(values.transpose(y, x).values, aspect="auto", origin="lower", cmap="viridis", vmin=vmin, vmax=vmax,
                       extent=(-0.5, values.sizes[x] - 0.5, -0.5, values.sizes[y] - 0.5))
     for axis, dim in ((ax.xaxis, x), (ax.yaxis, y)):
         axis.set_major_locator(MaxNLocator(integer=True))

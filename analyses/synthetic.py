@@ -25,6 +25,9 @@ dims and token labels), but every tensor is built from closed-form parameters:
   rank 0); α = 0.1 moves the baseline's top token to rank exactly `TOP_RANK_AT_0_1` at step 0;
 - `attn_out` = 0.4 (h_{l+1} − h_l), `mlp_out` = 0.6 (h_{l+1} − h_l) (`ATTN_PART`); `lens_ids`,
   `lens_logprobs`: the top `LENS_K` of a random log-softmax per (token, layer);
+- `router_logits`, `router_experts`: random logits over `experts` experts per (token, decoder
+  layer), vision tokens' raised by `VISION_BIAS` on the first half of the experts (vision and
+  text loads differ), and their top `top_k` experts, best first;
 - the vision tower (norm atlas): `PATCHES_PER_TOKEN` patches per vision token, each of norm
   c_i · vision_layer_norm(l) in `vision_hidden` and c_i · `TOWER_NORM` in `vision` (none without
   an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run;
@@ -70,6 +73,8 @@ class SyntheticModel:
     ratio: float = 15.0        # vision/text norm ratio at layer 0 (baseline)
     vision_layers: int = 2
     vision_dim: int = 8
+    experts: int = 4           # router_logits / router_experts (a mixture-of-experts decoder)
+    top_k: int = 2
     captures: tuple[str, ...] | None = None   # variables this model stores (None: all asked for)
     extra_conditions: tuple[str, ...] | None = None   # of blank/none/hybrid (None: all asked for)
 
@@ -180,7 +185,8 @@ def write_synthetic_store(
     extra_conditions: tuple[str, ...] = ("blank", "none", "hybrid"),
     variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention",
                                   "logprobs", "generated", "vision", "vision_hidden", "embed_table_norms",
-                                  "attn_out", "mlp_out", "lens_ids", "lens_logprobs"),
+                                  "attn_out", "mlp_out", "lens_ids", "lens_logprobs", "router_logits",
+                                  "router_experts"),
     jitter: float = 0.0,
     seed: int = 0,
     first_sample: int = 0,
@@ -306,6 +312,7 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     return {
         **_tower(m, rng, i, int(vision.sum()) if with_image else 0),
         **_branches_and_lens(m, rng, hidden),
+        **_router(m, rng, modality),
         "position": Variable(("token",), np.arange(n, dtype=np.int64)),
         "modality": Variable(("token",), modality.astype(str)),
         "token_id": Variable(("token",), token_id.astype(np.int64)),
@@ -339,6 +346,19 @@ def _branches_and_lens(m: SyntheticModel, rng: np.random.Generator, hidden: np.n
         "lens_logprobs": Variable(("token", "layer", "lens_rank"),
                                   np.take_along_axis(lens, order, -1).astype(np.float32), layer),
     }
+
+
+VISION_BIAS = 1.5
+
+
+def _router(m: SyntheticModel, rng: np.random.Generator, modality: np.ndarray) -> dict[str, Variable]:
+    """Router logits (vision tokens biased towards the first half of the experts) and their top-k."""
+    logits = rng.standard_normal((len(modality), m.n_layers, m.experts))
+    logits[modality == "vision", :, : m.experts // 2] += VISION_BIAS
+    chosen = np.argsort(-logits, axis=-1, kind="stable")[..., : m.top_k]
+    decoder_layer = {"decoder_layer": np.arange(m.n_layers)}
+    return {"router_logits": Variable(("token", "decoder_layer", "expert"), logits.astype(np.float32), decoder_layer),
+            "router_experts": Variable(("token", "decoder_layer", "expert_rank"), chosen.astype(np.int64), decoder_layer)}
 
 
 def _tower(m: SyntheticModel, rng: np.random.Generator, i: int, n_vision: int) -> dict[str, Variable]:

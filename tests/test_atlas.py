@@ -28,7 +28,9 @@ REAL = ["HuggingFaceTB/SmolVLM2-2.2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", "Qw
         "llava-hf/llava-onevision-qwen2-0.5b-ov-hf", "google/gemma-3-4b-it", "google/paligemma2-3b-pt-224",
         "OpenGVLab/InternVL3-1B-hf", "HuggingFaceM4/idefics2-8b", "HuggingFaceM4/Idefics3-8B-Llama3",
         "CohereLabs/aya-vision-8b", "zai-org/GLM-4.1V-9B-Thinking", "llava-hf/llava-1.5-7b-hf",
-        "llava-hf/llava-v1.6-mistral-7b-hf", "Qwen/Qwen2-VL-2B-Instruct", "mistralai/Mistral-Small-3.1-24B-Instruct-2503"]
+        "llava-hf/llava-v1.6-mistral-7b-hf", "Qwen/Qwen2-VL-2B-Instruct", "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+        "Qwen/Qwen3-VL-30B-A3B-Instruct", "deepseek-community/deepseek-vl-1.3b-chat",
+        "deepseek-community/Janus-Pro-1B"]
 N = 2
 
 

@@ -24,8 +24,11 @@ CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {s
 
 
 def captures_for(name: str) -> str:
-    """Every sequence capture; `layer.pre_deepstack` where the family has DeepStack."""
-    return CAPTURES % (", {site: layer.pre_deepstack}" if model_info(name).arch.deepstack else "")
+    """Every sequence capture; `layer.pre_deepstack` where the family has DeepStack, `router`
+    where it has experts."""
+    arch = model_info(name).arch
+    return CAPTURES % ((", {site: layer.pre_deepstack}" if arch.deepstack else "")
+                       + (", {site: router}" if arch.router else ""))
 
 
 def conditions_for(name: str) -> str:

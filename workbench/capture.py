@@ -26,6 +26,9 @@ Stored variables (dims; what a row is):
   top-k (`LENS_TOP_K`) token ids and log-probabilities of log_softmax(lm_head(final_norm(h_l))) at
   every position, rank 0 the most likely (no final-logit softcapping: the head's output, like
   `logprobs`).
+- `router_logits (token, decoder_layer, expert)`, `router_experts (token, decoder_layer,
+  expert_rank)`: a mixture-of-experts layer's router logits and the top-k experts it selects,
+  best first (NaN and -1 at a dense layer).
 - `embed`, `final_norm (token, dim)`: the token embeddings; the final norm's output.
 - `embed_table_norms (run, embed_row)`: the L2 norm of every row of the input embedding table as
   the embedding module outputs it (Gemma-3's scaled embedding included), the whole vocabulary:

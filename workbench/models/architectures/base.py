@@ -64,6 +64,10 @@ class Architecture(Record):
       caps it, c * tanh(x / c)); the `logits` and `logit_lens` sites read `lm_head` and apply the
       same (`ModelInfo.head_logits`), so stored log-probabilities are the model's own
     hub_id: a real checkpoint of the family on the Hugging Face hub (an example, for listings)
+    router: the router of a mixture-of-experts decoder layer, a module path inside the layer whose
+      output is a tuple holding the router logits (site `router`); None: no MoE. Layers without
+      that module are dense (Llama 4 interleaves dense and MoE layers)
+    router_logits: the index of the logits (tokens, experts) in the router's output tuple
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -73,7 +77,7 @@ class Architecture(Record):
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "logit_scale", "logit_softcap",
-               "hub_id", "tiny", "client")
+               "router", "router_logits", "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -82,7 +86,8 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
-                 "logit_scale": None, "logit_softcap": None, "hub_id": None, "tiny": None, "client": None}
+                 "logit_scale": None, "logit_softcap": None, "router": None, "router_logits": 0,
+                 "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
     mrope: bool
@@ -92,6 +97,8 @@ class Architecture(Record):
     tower_prefix_rows: int
     logit_scale: str | None
     logit_softcap: str | None
+    router: str | None
+    router_logits: int
 
     @property
     def is_multimodal(self) -> bool:
