@@ -8,7 +8,7 @@ The model multiplies the head's output by `text_config.logit_scale` (0.0625 in a
 `logits` and `logit_lens` sites read `lm_head`'s output, before that scale: their log-probabilities
 are the model's at temperature 1/logit_scale (the greedy token is the same)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 AYA_VISION = Architecture(
     family="aya_vision",
@@ -31,6 +31,7 @@ AYA_VISION = Architecture(
     image_token="<|IMG_PATCH|>",
     boundary_tokens=("<|START_OF_IMG|>", "<|END_OF_IMG|>", "TILE_GLOBAL"),
     boundary_patterns=(r"TILE_\d+",),
+    geometry=PatchGeometry(layout="dynamic_tiles"),
     tiny="tiny-aya_vision",
     client="tiny_aya_vision",
 )

@@ -17,6 +17,24 @@ from ...records import Record
 BRANCH_OUTPUTS = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 
+class PatchGeometry(Record):
+    """How a family's vision tokens map onto its image (`Architecture.geometry`).
+    layout: the name of a layout in `workbench/models/geometry.py` (`merged_grid`,
+      `split_tiles_global`, `anyres`, ...) or of a function `layout(ctx) -> list[Place]` in the
+      family's client module; None: the connector keeps no positions, and `reason` says why."""
+
+    _fields = ("layout", "reason")
+    _defaults = {"reason": ""}
+    layout: str | None
+    reason: str
+
+
+def no_positions(reason: str) -> PatchGeometry:
+    """A family whose vision tokens have no place in the image (a perceiver resampler's latents,
+    cross-attention): the store holds no geometry for it, and says why."""
+    return PatchGeometry(layout=None, reason=reason)
+
+
 class Architecture(Record):
     """Fields:
     family: the family's name (its file under `workbench/models/architectures/`)
@@ -59,6 +77,8 @@ class Architecture(Record):
       forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
       not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
       (the attention capture's) once a submodule inside it was requested
+    geometry: where each vision token sits in the image (a `PatchGeometry`: a layout, or
+      `no_positions(reason)`); every multimodal family declares one (None: a text model)
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -67,7 +87,7 @@ class Architecture(Record):
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "geometry", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -76,7 +96,7 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
-                 "tiny": None, "client": None}
+                 "geometry": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
     mrope: bool
@@ -84,6 +104,7 @@ class Architecture(Record):
     prefix_lm: bool
     position_offset: int
     tower_prefix_rows: int
+    geometry: PatchGeometry | None
 
     @property
     def is_multimodal(self) -> bool:

@@ -2,7 +2,7 @@
 linear -> GELU -> linear connector, Qwen2 decoder; dynamic tiles plus a thumbnail, each framed
 by <img> ... </img>."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 INTERNVL = Architecture(
     family="internvl",
@@ -23,6 +23,7 @@ INTERNVL = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="<IMG_CONTEXT>",
     boundary_tokens=("<img>", "</img>"),
+    geometry=PatchGeometry(layout="dynamic_tiles"),
     tiny="tiny-internvl",
     client="tiny_internvl",
 )

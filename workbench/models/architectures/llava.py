@@ -1,7 +1,7 @@
 """LLaVA-1.5: CLIP ViT tower read at its penultimate layer (CLS row dropped), 2-layer MLP connector,
 Llama decoder. One fixed-size image (576 tokens at 336 px), no tiles, no framing tokens."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 LLAVA = Architecture(
     family="llava",
@@ -22,6 +22,7 @@ LLAVA = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",  # no framing tokens
+    geometry=PatchGeometry(layout="center_crop_grid"),
     tiny="tiny-llava",
     client="tiny_llava",
 )

@@ -3,7 +3,7 @@ connector RMSNorm -> 2x2 patch merger (a linear layer over each unfolded group) 
 Mistral decoder. The image is a grid of `[IMG]` rows, each row ended by `[IMG_BREAK]` and the last
 by `[IMG_END]`: learned tokens, not image features (labelled boundary)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 MISTRAL3 = Architecture(
     family="mistral3",
@@ -25,6 +25,7 @@ MISTRAL3 = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="[IMG]",
     boundary_tokens=("[IMG_BREAK]", "[IMG_END]"),
+    geometry=PatchGeometry(layout="native_rows"),
     tiny="tiny-mistral3",
     client="tiny_mistral3",
 )

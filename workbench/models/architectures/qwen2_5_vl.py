@@ -1,6 +1,6 @@
 """Qwen2.5-VL: ViT with window attention, patch merger (RMSNorm + MLP), Qwen2 decoder with M-RoPE."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN2_5_VL = Architecture(
     family="qwen2_5_vl",
@@ -21,6 +21,7 @@ QWEN2_5_VL = Architecture(
     boundary_tokens=("<|vision_start|>", "<|vision_end|>"),
     mrope=True,  # `rope_deltas` cached on the model between forwards
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-qwen2_5_vl",
     client="tiny_qwen2_5_vl",
 )

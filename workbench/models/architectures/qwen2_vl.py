@@ -1,7 +1,7 @@
 """Qwen2-VL: ViT with 2-D RoPE over native-resolution patches (full attention in every block),
 patch merger (LayerNorm + MLP over 2x2 patches), Qwen2 decoder with M-RoPE."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN2_VL = Architecture(
     family="qwen2_vl",
@@ -22,6 +22,7 @@ QWEN2_VL = Architecture(
     boundary_tokens=("<|vision_start|>", "<|vision_end|>"),
     mrope=True,  # `rope_deltas` cached on the model between forwards
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-qwen2_vl",
     client="tiny_qwen2_vl",
 )

@@ -1,7 +1,7 @@
 """SmolVLM: SigLIP tower, pixel-shuffle + linear connector, Llama decoder (Idefics3's module tree,
 its own model type; Idefics3 is the family `idefics3`)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 SMOLVLM = Architecture(
     family="smolvlm",
@@ -22,6 +22,7 @@ SMOLVLM = Architecture(
     boundary_tokens=("<fake_token_around_image>", "<global-img>"),
     boundary_patterns=(r"<row_\d+_col_\d+>",),
     nest_images=True,  # the processor splits images per sample: [[img]]
+    geometry=PatchGeometry(layout="split_tiles_global"),
     tiny="tiny-smolvlm",
     client="tiny_smolvlm",
 )
