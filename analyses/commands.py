@@ -29,6 +29,7 @@ REPORT_HELP = "write the study's tables and figures into DIR/report.md and DIR/r
 REPORT_DESCRIPTION = ("Write DIR/report.md with every table of `analyze` and the figures it embeds (PNG, or --format), "
                       "and DIR/report.html: the same report as one self-contained file (figures inline), with the "
                       "definitions, the provenance and the spec of the store's runs.")
+DEFAULT_OVERLAY_SAMPLES = 2  # samples `report` draws over their images when --samples names none
 FIGURE_FORMATS = ("png", "svg", "pdf")   # what matplotlib's savefig writes that a report can link
 
 
@@ -134,6 +135,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
                             f"expected {'one of ' + ', '.join(sweeps) if sweeps else 'none: the store holds no sweep'}")
     args.sweep = args.sweep or "alpha"
+    held = sorted({str(s) for ds in chosen for s in ds["run_sample"].values}) if getattr(args, "samples", None) else []
+    for i, sample in enumerate(getattr(args, "samples", None) or ()):
+        if sample not in held:
+            raise BadInputError(f"--samples[{i}]: no sample {sample!r} in {args.store}{did_you_mean(sample, held)}; "
+                                f"expected one of {', '.join(held[:10])}{' ...' if len(held) > 10 else ''}")
 
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +152,9 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--out", required=True, help="directory for report.md, report.html and the figures")
+    parser.add_argument("--samples", type=lambda v: [s.strip() for s in v.split(",") if s.strip()], default=[],
+                        metavar="ID[,ID]", help="samples whose vision tokens are drawn over their images "
+                        f"(default: the first {DEFAULT_OVERLAY_SAMPLES} of the reference condition)")
 
 
 def _options(args: argparse.Namespace):
@@ -153,7 +162,7 @@ def _options(args: argparse.Namespace):
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
-                   force=args.force, figure_format=args.figure_format, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   force=args.force, figure_format=args.figure_format, samples=tuple(getattr(args, "samples", None) or ()), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 
