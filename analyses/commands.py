@@ -74,6 +74,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
                         help="modules to import first, each registering its own analyses "
                              "(analyses.register_analysis; importable from this environment), e.g. mylab.analyses")
+    parser.add_argument("--samples", type=lambda v: [s.strip() for s in v.split(",") if s.strip()], default=[],
+                        metavar="ID[,ID]", help="samples whose vision tokens are drawn over their images "
+                        f"(default: the first {DEFAULT_OVERLAY_SAMPLES} of the reference condition)")
     parser.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="figure_format",
                         help="file format of the figures (default: png)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
@@ -135,8 +138,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
                             f"expected {'one of ' + ', '.join(sweeps) if sweeps else 'none: the store holds no sweep'}")
     args.sweep = args.sweep or "alpha"
-    held = sorted({str(s) for ds in chosen for s in ds["run_sample"].values}) if getattr(args, "samples", None) else []
-    for i, sample in enumerate(getattr(args, "samples", None) or ()):
+    held = sorted({str(s) for ds in chosen for s in ds["run_sample"].values}) if args.samples else []
+    for i, sample in enumerate(args.samples):
         if sample not in held:
             raise BadInputError(f"--samples[{i}]: no sample {sample!r} in {args.store}{did_you_mean(sample, held)}; "
                                 f"expected one of {', '.join(held[:10])}{' ...' if len(held) > 10 else ''}")
@@ -152,9 +155,6 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--out", required=True, help="directory for report.md, report.html and the figures")
-    parser.add_argument("--samples", type=lambda v: [s.strip() for s in v.split(",") if s.strip()], default=[],
-                        metavar="ID[,ID]", help="samples whose vision tokens are drawn over their images "
-                        f"(default: the first {DEFAULT_OVERLAY_SAMPLES} of the reference condition)")
 
 
 def _options(args: argparse.Namespace):
@@ -162,7 +162,7 @@ def _options(args: argparse.Namespace):
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
-                   force=args.force, figure_format=args.figure_format, samples=tuple(getattr(args, "samples", None) or ()), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 

@@ -202,8 +202,10 @@ def write_synthetic_store(
     jitter: float = 0.0,
     seed: int = 0,
     first_sample: int = 0,
+    geometry: bool = True,
 ) -> SyntheticStore:
-    """Write (or extend, with `first_sample`) a synthetic store; see the module docstring."""
+    """Write (or extend, with `first_sample`) a synthetic store; see the module docstring.
+    geometry=False: no patch geometry, as a store written before it was stored."""
     path = Path(path)
     samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
@@ -223,7 +225,7 @@ def write_synthetic_store(
                     tensors = _condition_tensors(m, crng, base, i_sample, condition, alpha, jitter)
                     keep = set(variables) & set(m.captures or variables)
                     tensors = {name: v for name, v in tensors.items() if name in keep or name in
-                               ("position", "modality", "token_id", *GEOMETRY_LABELS)
+                               ("position", "modality", "token_id", *(GEOMETRY_LABELS if geometry else ()))
                                or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
                     if "generated" in keep:
                         tensors.update(_answer_labels(i_sample, condition, m.vocab))
