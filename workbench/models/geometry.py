@@ -272,7 +272,7 @@ def token_geometry(arch: Architecture, ctx: GeometryContext) -> dict[str, np.nda
     """The geometry labels of every token of one prompt (one image: image 0), or None where the
     family keeps no positions. Raises GeometryUnavailable where the layout cannot place them."""
     layout = layout_for(arch)
-    if layout is None:
+    if layout is None or arch.geometry is None:
         return None
     n = len(ctx.modality)
     ints = np.full((n, len(GEOMETRY_INTS)), NONE, dtype=np.int32)

@@ -35,6 +35,7 @@ class ModelInputs(Record):
 
     _fields = ("encoding", "input_ids", "modality", "geometry")
     _defaults = {"geometry": None}
+    geometry: dict[str, np.ndarray] | None
     _mutable = True
 
     @property

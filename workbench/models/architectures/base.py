@@ -99,6 +99,8 @@ class Architecture(Record):
                  "geometry": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
+    family: str
+    client: str | None
     mrope: bool
     deepstack: bool
     prefix_lm: bool
