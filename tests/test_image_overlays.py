@@ -97,3 +97,18 @@ def test_a_store_without_geometry_reports_and_says_why(tmp_path, capsys):
     assert not list(out.glob("overlay_*")) and (out / "norms_updates.png").exists()
     ds = open_store(old, model=DEFAULT_MODELS[0].model_id)
     assert "tile" not in ds.coords
+
+
+def test_older_rows_of_a_resumed_store_read_as_none(tmp_path):
+    """A store written before geometry and resumed with it: the array starts later, and the rows
+    before it read -1 (its fill value), not a place at the image's corner."""
+    path = tmp_path / "resumed.zarr"
+    model = DEFAULT_MODELS[0]
+    write_synthetic_store(path, models=(model,), n_samples=2, geometry=False, extra_conditions=())
+    write_synthetic_store(path, models=(model,), n_samples=1, first_sample=2, extra_conditions=())
+    ds = open_store(path, model=model.model_id, index=False)
+    old = ds["sample"].values != "synthetic/002"
+    for name in GEOMETRY_LABELS:
+        assert (ds[name].values[old] == -1).all(), name
+    new_vision = ~old & (ds["modality"].values == "vision")
+    assert new_vision.any() and (ds["tile"].values[new_vision] == 0).all()
