@@ -29,6 +29,7 @@ REPORT_HELP = "write the study's tables and figures into DIR/report.md and DIR/r
 REPORT_DESCRIPTION = ("Write DIR/report.md with every table of `analyze` and the figures it embeds (PNG, or --format), "
                       "and DIR/report.html: the same report as one self-contained file (figures inline), with the "
                       "definitions, the provenance and the spec of the store's runs.")
+DEFAULT_OVERLAY_SAMPLES = 2  # samples `report` draws over their images when --samples names none
 FIGURE_FORMATS = ("png", "svg", "pdf")   # what matplotlib's savefig writes that a report can link
 
 
@@ -73,6 +74,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
                         help="modules to import first, each registering its own analyses "
                              "(analyses.register_analysis; importable from this environment), e.g. mylab.analyses")
+    parser.add_argument("--samples", type=lambda v: [s.strip() for s in v.split(",") if s.strip()], default=[],
+                        metavar="ID[,ID]", help="samples whose vision tokens are drawn over their images "
+                        f"(default: the first {DEFAULT_OVERLAY_SAMPLES} of the reference condition)")
     parser.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="figure_format",
                         help="file format of the figures (default: png)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
@@ -134,6 +138,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInputError(f"--sweep: no swept variable {args.sweep!r} in {args.store}{did_you_mean(args.sweep, sweeps)}; "
                             f"expected {'one of ' + ', '.join(sweeps) if sweeps else 'none: the store holds no sweep'}")
     args.sweep = args.sweep or "alpha"
+    held = sorted({str(s) for ds in chosen for s in ds["run_sample"].values}) if args.samples else []
+    for i, sample in enumerate(args.samples):
+        if sample not in held:
+            raise BadInputError(f"--samples[{i}]: no sample {sample!r} in {args.store}{did_you_mean(sample, held)}; "
+                                f"expected one of {', '.join(held[:10])}{' ...' if len(held) > 10 else ''}")
 
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,7 +162,7 @@ def _options(args: argparse.Namespace):
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
-                   force=args.force, figure_format=args.figure_format, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 

@@ -31,6 +31,8 @@ dims and token labels), but every tensor is built from closed-form parameters:
 - the vision tower (norm atlas): `PATCHES_PER_TOKEN` patches per vision token, each of norm
   c_i · vision_layer_norm(l) in `vision_hidden` and c_i · `TOWER_NORM` in `vision` (none without
   an image); `embed_table_norms`: the same `SyntheticModel.table()` in every run;
+- patch geometry: the vision tokens of a sample fill rows of `GRID_COLS` cells of `CELL` pixels
+  (tile 0 of image 0, row-major), every other token -1 (no image to regenerate: no data source);
 - with `generated`, the run labels the accuracy analysis scores (`answer_is_right`): even samples
   are `counting` items (answer `str(i % 5)`, mode `numeric`, a right response `"There are N."`),
   odd ones `color` items (answer `red`, mode `exact`, a right response `"Red."`); the response
@@ -49,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.names import GEOMETRY_LABELS
 from workbench.store import StoreWriter, Variable
 
 TOP_RANK_AT_0_1 = 3
@@ -123,6 +126,21 @@ class SyntheticStore:
     conditions: list[str] = field(default_factory=list)
 
 
+GRID_COLS, CELL = 3, 16  # the synthetic patch geometry: vision tokens in rows of 3 cells of 16 px
+
+
+def _geometry(modality: np.ndarray) -> dict[str, Variable]:
+    """The geometry labels of one prompt (`workbench.names.GEOMETRY_LABELS`): vision tokens in rows
+    of GRID_COLS cells of CELL pixels, -1 elsewhere."""
+    n = len(modality)
+    table = np.full((n, len(GEOMETRY_LABELS)), -1.0)
+    vision = np.flatnonzero(modality == "vision")
+    row, col = np.divmod(np.arange(len(vision)), GRID_COLS)
+    table[vision] = np.stack([0 * row, 0 * row, row, col, col * CELL, row * CELL, (col + 1) * CELL, (row + 1) * CELL], 1)
+    return {name: Variable(("token",), table[:, j].astype(np.int32 if j < 4 else np.float32))
+            for j, name in enumerate(GEOMETRY_LABELS)}
+
+
 def sample_factor(i: int) -> float:
     return 1.0 + 0.25 * i
 
@@ -190,8 +208,10 @@ def write_synthetic_store(
     jitter: float = 0.0,
     seed: int = 0,
     first_sample: int = 0,
+    geometry: bool = True,
 ) -> SyntheticStore:
-    """Write (or extend, with `first_sample`) a synthetic store; see the module docstring."""
+    """Write (or extend, with `first_sample`) a synthetic store; see the module docstring.
+    geometry=False: no patch geometry, as a store written before it was stored."""
     path = Path(path)
     samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
@@ -211,7 +231,7 @@ def write_synthetic_store(
                     tensors = _condition_tensors(m, crng, base, i_sample, condition, alpha, jitter)
                     keep = set(variables) & set(m.captures or variables)
                     tensors = {name: v for name, v in tensors.items() if name in keep or name in
-                               ("position", "modality", "token_id")
+                               ("position", "modality", "token_id", *(GEOMETRY_LABELS if geometry else ()))
                                or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
                     if "generated" in keep:
                         tensors.update(_answer_labels(i_sample, condition, m.vocab))
@@ -313,6 +333,7 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
         **_tower(m, rng, i, int(vision.sum()) if with_image else 0),
         **_branches_and_lens(m, rng, hidden),
         **_router(m, rng, modality),
+        **_geometry(modality),
         "position": Variable(("token",), np.arange(n, dtype=np.int64)),
         "modality": Variable(("token",), modality.astype(str)),
         "token_id": Variable(("token",), token_id.astype(np.int64)),

@@ -49,6 +49,7 @@ class Options:
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
     force: bool = False             # recompute cached analyses
+    samples: tuple[str, ...] = ()   # samples drawn over their images (`image-overlays`; none named: the first few)
     figure_format: str = "png"      # the figures' files: png, svg or pdf (analyses.commands.FIGURE_FORMATS)
     # overrides of the definitions a store holds (workbench.definitions): text_set, average_layers, rank_base
     definitions: dict[str, Any] = field(default_factory=dict)

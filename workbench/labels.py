@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 def sample_variables(inputs: ModelInputs, result: RunResult, coords: dict[str, dict[str, np.ndarray]],
                      text: dict[str, Variable] | None = None) -> dict[str, Variable]:
-    """The store's variables for one run: token labels plus every capture, with their dims, and
-    the readable labels of `text_labels`."""
+    """The store's variables for one run: token labels (with each token's place in the image,
+    where the family keeps one) plus every capture, with their dims, and the readable labels of
+    `text_labels`."""
     variables = {
         "position": Variable(("token",), np.arange(inputs.n_tokens, dtype=np.int64)),
         "modality": Variable(("token",), inputs.modality.astype(str)),
         "token_id": Variable(("token",), inputs.input_ids.astype(np.int64)),
+        **{name: Variable(("token",), values) for name, values in (inputs.geometry or {}).items()},
         **(text or {}),
     }
     for name, data in {**result.tokens, **result.run, **result.patches}.items():

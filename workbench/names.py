@@ -10,6 +10,10 @@ TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 # vision-tower rows (`patch` dim): the sample and the row's index within it
 PATCH_LABELS = ("patch_sample", "patch_position")
 RUN_LABELS = ("run_sample", "run_tokens", "run_input", "run_patches")
+# each token's place in its image (workbench.models.geometry: int32 and float32, -1 where none)
+GEOMETRY_LABELS = ("image", "tile", "patch_row", "patch_col", "box_x0", "box_y0", "box_x1", "box_y1")
+# ... stored together as one (token, GEOMETRY_DIM) float32 array, unpacked when a store is read
+GEOMETRY, GEOMETRY_DIM = "geometry", "geometry_label"
 # readable labels the runner stores beside the ids (workbench.labels.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
                "run_generated_text", "run_response", "run_answer_ids")
@@ -23,7 +27,7 @@ DERIVED_LABELS = ("sample", "position", "patch_sample", "patch_position")
 DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
 VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")
 RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
-                            *RUN_LABELS, *TEXT_LABELS, RUN_TEXT, *DIMS, *VARIABLES})
+                            *GEOMETRY_LABELS, GEOMETRY, GEOMETRY_DIM, *RUN_LABELS, *TEXT_LABELS, RUN_TEXT, *DIMS, *VARIABLES})
 
 
 def reserved_name_problem(name: str) -> str | None:

@@ -246,10 +246,18 @@ def families() -> str:
                      _code(arch.tiny) if arch.tiny else "—", vision,
                      ", ".join(_code(p) for p in arch.projector) or "—",
                      ", ".join(_code(p) for p in arch.projector_parts) or "—",
-                     _code(arch.image_token) if arch.image_token else "—", boundary or "—", "; ".join(quirks)])
+                     _code(arch.image_token) if arch.image_token else "—", boundary or "—", _geometry(arch),
+                     "; ".join(quirks)])
     return _table(["family", "transformers classes", "tiny model", "`vision_layer` / `vision` read at",
                    "`projector` modules", "connector parts (`projector.<part>`)", "image token",
-                   "boundary tokens", "quirks"], rows)
+                   "boundary tokens", "patch geometry", "quirks"], rows)
+
+
+def _geometry(arch) -> str:
+    """The family's patch-geometry layout, or why it keeps no positions."""
+    if arch.geometry is None:
+        return "—"
+    return _code(arch.geometry.layout) if arch.geometry.layout else f"none: {arch.geometry.reason}"
 
 
 def _inputs_text(inputs: tuple[str, ...]) -> str:

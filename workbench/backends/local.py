@@ -149,7 +149,9 @@ def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
     positions named by modality select within those n. per_token: the family's per-token input
     keys (`Architecture.per_token_keys`)."""
     encoding = {k: (v[:, :n] if k in per_token else v) for k, v in inputs.encoding.items()}
-    return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n])
+    geometry = {k: v[:n] for k, v in inputs.geometry.items()} if inputs.geometry is not None else None
+    return inputs.replace(encoding=encoding, input_ids=inputs.input_ids[:n], modality=inputs.modality[:n],
+                          geometry=geometry)
 
 
 def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.Tensor | None = None,

@@ -8,6 +8,7 @@ sites (`embed`, `vision`, `projector`, `layer`, ...) to nnsight envoys.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -22,14 +23,19 @@ from ..records import Record
 from .architectures import Architecture, architecture_for, is_boundary_token
 
 ImageMode = Literal["real", "blank", "none"]
+_LOG = logging.getLogger("workbench")
 
 
 class ModelInputs(Record):
     """Inputs for one forward pass, with the label of every position: `encoding` (keyword
     arguments of the model's forward, tensors), `input_ids` ((seq,) int64), `modality` ((seq,)
-    str: vision | boundary | text). A `Record`: it travels to NDIF servers."""
+    str: vision | boundary | text), `geometry` (each token's place in the image:
+    {label: (seq,) array}, `workbench.models.geometry`; None where the family keeps no positions).
+    A `Record`: it travels to NDIF servers."""
 
-    _fields = ("encoding", "input_ids", "modality")
+    _fields = ("encoding", "input_ids", "modality", "geometry")
+    _defaults = {"geometry": None}
+    geometry: dict[str, np.ndarray] | None
     _mutable = True
 
     @property
@@ -220,6 +226,7 @@ class InputEncoder:
         self.arch, self.device, self.dtype = info.arch, device, dtype
         # the Architecture itself, not its family's name: an inferred layout (`workbench.models.infer`)
         # names an unregistered type but reads its processor as the family whose layout it follows
+        self.path, self._config = info.path, None
         self.processor = load_processor(Path(info.path) if os.path.isdir(info.path) else info.path, self.arch)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self._boundary_ids = self._find_boundary_ids()
@@ -256,7 +263,30 @@ class InputEncoder:
         if "pixel_values" in encoding:
             encoding["pixel_values"] = encoding["pixel_values"].to(self.dtype)
         ids = enc["input_ids"][0].cpu().numpy().astype(np.int64)
-        return ModelInputs(encoding=encoding, input_ids=ids, modality=self.token_modality(ids))
+        modality = self.token_modality(ids)
+        return ModelInputs(encoding=encoding, input_ids=ids, modality=modality,
+                           geometry=self.geometry(image, enc, ids, modality))
+
+    def geometry(self, image: Image.Image | None, enc: Any, ids: np.ndarray,
+                 modality: np.ndarray) -> dict[str, np.ndarray] | None:
+        """Each token's place in the image (`workbench.models.geometry`): None for a family that
+        keeps no positions or a text model; all "none" (-1) where this prompt's layout is unknown."""
+        from .geometry import GeometryContext, GeometryUnavailable, token_geometry
+
+        if self.arch.geometry is None or self.arch.geometry.layout is None:
+            return None
+        if self._config is None:
+            self._config = transformers.AutoConfig.from_pretrained(self.path)
+        size = image.size if image is not None else (0, 0)
+        encoding = {k: v.cpu().numpy() for k, v in enc.items() if isinstance(v, torch.Tensor)}
+        ctx = GeometryContext(size, encoding, self.tokenizer.convert_ids_to_tokens(ids.tolist()), modality,
+                              self.processor, self._config)
+        try:
+            return token_geometry(self.arch, ctx)
+        except GeometryUnavailable as exc:
+            _LOG.warning(f"{self.arch.family}: no patch geometry for this prompt ({exc}); stored as none (-1)")
+            ctx = GeometryContext(size, encoding, ctx.tokens, np.full(modality.shape, "text"), self.processor, self._config)
+            return token_geometry(self.arch, ctx)
 
     def token_modality(self, input_ids: np.ndarray) -> np.ndarray:
         """The modality of every position: this is where a token's modality is decided.

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..names import GEOMETRY
+
 
 MODALITIES = ("vision", "boundary", "text")
 
@@ -77,5 +79,8 @@ def _array_layout(name: str, var: Variable) -> dict[str, Any]:
     compressors: list[Any] = [zarr.codecs.ZstdCodec(level=1) if dtype is str else
                               zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")]
     compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
-    return {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
-            "dtype": dtype, "dimension_names": list(var.dims), "compressors": compressors}
+    layout = {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
+              "dtype": dtype, "dimension_names": list(var.dims), "compressors": compressors}
+    if name == GEOMETRY:  # rows stored before the array (a store written before geometry, resumed) read as none
+        layout["fill_value"] = -1.0
+    return layout

@@ -13,7 +13,7 @@ import xarray as xr
 import zarr
 
 from ..errors import StoreError, StorePathError
-from ..names import PATCH_LABELS, RUN_LABELS, RUN_TEXT, RUN_TEXT_LABELS, TEXT_LABELS, TOKEN_LABELS
+from ..names import GEOMETRY, GEOMETRY_LABELS, PATCH_LABELS, RUN_LABELS, RUN_TEXT, RUN_TEXT_LABELS, TEXT_LABELS, TOKEN_LABELS
 from .layout import MODALITIES, PATCH_DIM
 from .objects import ObjectStore, _short, location
 from .readers import announced_reader
@@ -87,7 +87,7 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
         condition=("token", np.full(n, condition, dtype=object).astype(str)),
         **{name: ("token", np.full(n, value)) for name, value in sweep.items()},
     )
-    tokens = tokens.set_coords([v for v in (*TOKEN_LABELS, *TEXT_LABELS) if v in tokens.data_vars])
+    tokens = tokens.set_coords([v for v in (*TOKEN_LABELS, *GEOMETRY_LABELS, *TEXT_LABELS) if v in tokens.data_vars])
     runs = ds[[v for v in ds.data_vars if "run" in ds[v].dims]]
     m = runs.sizes.get("run", 0)
     runs = runs.assign_coords(
@@ -123,6 +123,11 @@ def _with_derived_labels(ds: xr.Dataset, where: str) -> xr.Dataset:
                         prefix + "position": (dim, np.arange(len(starts), dtype=np.int64) - starts)})
     if "modality" in ds and ds["modality"].dtype.kind in "iu":  # int8 codes (`_modality_codes`)
         ds["modality"] = ("token", np.array(MODALITIES, dtype=np.dtypes.StringDType())[ds["modality"].values])
+    if GEOMETRY in ds:  # each token's place in its image, one column per label (ints: the first four)
+        packed = ds[GEOMETRY]
+        ds = ds.drop_vars(GEOMETRY).assign({
+            name: ("token", packed[:, i].data.astype(np.int32 if i < 4 else np.float32))
+            for i, name in enumerate(GEOMETRY_LABELS)})
     if RUN_TEXT in ds:
         # "" (zarr's fill value): a run stored before its condition's first text label
         records = [json.loads(str(text)) if str(text) else {} for text in ds[RUN_TEXT].values]
@@ -271,7 +276,7 @@ def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
                 name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
                 for name, a in sorted(arrays.items())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
-                if name not in (*RUN_LABELS, *TOKEN_LABELS, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and list(a.metadata.dimension_names or ()) != [name]
+                if name not in (*RUN_LABELS, *TOKEN_LABELS, GEOMETRY, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and list(a.metadata.dimension_names or ()) != [name]
             }
             conditions[condition] = {
                 "samples": int(n_runs),

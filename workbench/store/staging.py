@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 
 from ..errors import StoreError
-from ..names import DERIVED_LABELS, RUN_TEXT, RUN_TEXT_LABELS
+from ..names import DERIVED_LABELS, GEOMETRY, GEOMETRY_DIM, GEOMETRY_LABELS, RUN_TEXT, RUN_TEXT_LABELS
 from .layout import MODALITIES, PATCH_DIM, Variable
 
 
@@ -124,9 +124,17 @@ def _stored_rows(where: str, sample_id: str, variables: dict[str, Variable]) -> 
     """A result's variables as stored: the labels a reader derives from the run rows (each
     token's sample and position in it, the same per vision-tower row) are checked and left out,
     and the per-run text labels (`run_prompt`, `run_question`, ...) become one JSON object in
-    RUN_TEXT."""
+    RUN_TEXT; the geometry labels (`image`, `tile`, ..., `box_y1`) one (token, 8) float32 array,
+    GEOMETRY (a commit appends one array for them, not eight)."""
     rows: dict[str, Variable] = {}
     text: dict[str, str] = {}
+    geometry = [name for name in GEOMETRY_LABELS if name in variables]
+    if geometry:
+        if geometry != list(GEOMETRY_LABELS):
+            raise StoreError(f"{', '.join(geometry)} without {', '.join(sorted(set(GEOMETRY_LABELS) - set(geometry)))} "
+                             f"in {where}; expected all eight geometry labels or none")
+        rows[GEOMETRY] = Variable(("token", GEOMETRY_DIM), np.stack(
+            [np.asarray(variables[name].data, dtype=np.float32) for name in GEOMETRY_LABELS], axis=1))
     for name, var in variables.items():
         data = np.asarray(var.data)
         if name in DERIVED_LABELS:
@@ -134,6 +142,8 @@ def _stored_rows(where: str, sample_id: str, variables: dict[str, Variable]) -> 
             if data.ndim != 1 or not np.array_equal(data, expected):
                 raise StoreError(f"{name}: expected {'the sample id' if name.endswith('sample') else '0, 1, 2, ...'} "
                                  f"on every row (the store derives it) in {where}")
+        elif name in GEOMETRY_LABELS:
+            continue
         elif name == "modality" and data.dtype.kind in "USO":
             rows[name] = Variable(var.dims, _modality_codes(where, data), var.coords)
         elif name in RUN_TEXT_LABELS:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import aya_vision, gemma3, glm4v, idefics2, idefics3, internvl, llama, llava_onevision, paligemma, qwen2_5_vl, qwen3vl, smolvlm
 from . import deepseek_vl, janus, llava, llava_next, mistral3, qwen2_vl, qwen3_vl_moe
-from .base import Architecture, is_boundary_token
+from .base import Architecture, PatchGeometry, is_boundary_token, no_positions
 
 # The registered family modules, in the order tables list them.
 FAMILIES = (smolvlm, qwen3vl, llama, qwen2_5_vl, llava_onevision, gemma3, internvl, idefics2, paligemma, idefics3,
@@ -26,7 +26,7 @@ IDEFICS3 = idefics3.IDEFICS3
 QWEN3VL = qwen3vl.QWEN3VL
 LLAMA = llama.LLAMA
 
-__all__ = ["ARCHITECTURES", "Architecture", "FAMILIES", "architecture_for", "family", "is_boundary_token",
+__all__ = ["ARCHITECTURES", "Architecture", "FAMILIES", "PatchGeometry", "no_positions", "architecture_for", "family", "is_boundary_token",
            "tiny_architectures"]
 
 

@@ -8,7 +8,7 @@ The model multiplies the head's output by `text_config.logit_scale` (0.0625 in a
 transformers 5.25 models/aya_vision/modeling_aya_vision.py): the `logits` and `logit_lens` sites
 apply it too (`logit_scale`)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 AYA_VISION = Architecture(
     family="aya_vision",
@@ -33,6 +33,7 @@ AYA_VISION = Architecture(
     boundary_patterns=(r"TILE_\d+",),
     logit_scale="logit_scale",
     hub_id="CohereLabs/aya-vision-8b",
+    geometry=PatchGeometry(layout="dynamic_tiles"),
     tiny="tiny-aya_vision",
     client="tiny_aya_vision",
 )

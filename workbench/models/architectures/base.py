@@ -17,6 +17,24 @@ from ...records import Record
 BRANCH_OUTPUTS = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 
+class PatchGeometry(Record):
+    """How a family's vision tokens map onto its image (`Architecture.geometry`).
+    layout: the name of a layout in `workbench/models/geometry.py` (`merged_grid`,
+      `split_tiles_global`, `anyres`, ...) or of a function `layout(ctx) -> list[Place]` in the
+      family's client module; None: the connector keeps no positions, and `reason` says why."""
+
+    _fields = ("layout", "reason")
+    _defaults = {"reason": ""}
+    layout: str | None
+    reason: str
+
+
+def no_positions(reason: str) -> PatchGeometry:
+    """A family whose vision tokens have no place in the image (a perceiver resampler's latents,
+    cross-attention): the store holds no geometry for it, and says why."""
+    return PatchGeometry(layout=None, reason=reason)
+
+
 class Architecture(Record):
     """Fields:
     family: the family's name (its file under `workbench/models/architectures/`)
@@ -68,6 +86,8 @@ class Architecture(Record):
       output is a tuple holding the router logits (site `router`); None: no MoE. Layers without
       that module are dense (Llama 4 interleaves dense and MoE layers)
     router_logits: the index of the logits (tokens, experts) in the router's output tuple
+    geometry: where each vision token sits in the image (a `PatchGeometry`: a layout, or
+      `no_positions(reason)`); every multimodal family declares one (None: a text model)
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -77,7 +97,7 @@ class Architecture(Record):
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "logit_scale", "logit_softcap",
-               "router", "router_logits", "hub_id", "tiny", "client")
+               "router", "router_logits", "geometry", "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -87,9 +107,11 @@ class Architecture(Record):
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
                  "logit_scale": None, "logit_softcap": None, "router": None, "router_logits": 0,
-                 "hub_id": None, "tiny": None, "client": None}
+                 "geometry": None, "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
+    family: str
+    client: str | None
     mrope: bool
     deepstack: bool
     prefix_lm: bool
@@ -99,6 +121,7 @@ class Architecture(Record):
     logit_softcap: str | None
     router: str | None
     router_logits: int
+    geometry: PatchGeometry | None
 
     @property
     def is_multimodal(self) -> bool:

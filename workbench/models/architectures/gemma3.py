@@ -3,7 +3,7 @@ weight), Gemma-3 decoder with peri-LN (norms before and after attention and MLP)
 embeddings. Image tokens attend to each other bidirectionally within their image: the
 processor's `token_type_ids` (1 at image tokens) must reach the model."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 GEMMA3 = Architecture(
     family="gemma3",
@@ -30,6 +30,7 @@ GEMMA3 = Architecture(
     # (post_attention_layernorm(self_attn(...)), post_feedforward_layernorm(mlp(...)))
     branch_outputs={"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
     hub_id="google/gemma-3-4b-it",
+    geometry=PatchGeometry(layout="square_grid"),
     tiny="tiny-gemma3",
     client="tiny_gemma3",
 )

@@ -3,7 +3,7 @@ connector of a 2x2 strided conv (`downsample`) and a gated MLP (`merger`), GLM-4
 sandwich norms (each branch's output normed before it is added) and M-RoPE over (t, h, w), with
 `rope_deltas` cached on the model as Qwen2-VL's (transformers 5.25 models/glm4v/modeling_glm4v.py)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 GLM4V = Architecture(
     family="glm4v",
@@ -28,6 +28,7 @@ GLM4V = Architecture(
     # sandwich norms: what each branch adds is the output of the norm after it
     branch_outputs={"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"},
     hub_id="zai-org/GLM-4.1V-9B-Thinking",
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-glm4v",
     client="tiny_glm4v",
 )

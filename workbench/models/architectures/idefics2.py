@@ -2,7 +2,7 @@
 a Perceiver resampler (a fixed number of latents per image), Mistral decoder; each image framed by
 <fake_token_around_image>."""
 
-from .base import Architecture
+from .base import Architecture, no_positions
 
 IDEFICS2 = Architecture(
     family="idefics2",
@@ -23,6 +23,8 @@ IDEFICS2 = Architecture(
     boundary_tokens=("<fake_token_around_image>",),
     nest_images=True,  # the processor takes images per sample: [[img]]
     hub_id="HuggingFaceM4/idefics2-8b",
+    geometry=no_positions("its Perceiver resampler pools every patch into a fixed set of latents: a latent "
+                            "has no place in the image"),
     tiny="tiny-idefics2",
     client="tiny_idefics2",
 )

@@ -2,7 +2,7 @@
 tiles (`<row_i_col_j>`) plus a global image, framed by `<fake_token_around_image>`. SmolVLM
 subclasses it and keeps its module tree (transformers 5.25 models/smolvlm/modular_smolvlm.py)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 IDEFICS3 = Architecture(
     family="idefics3",
@@ -24,6 +24,7 @@ IDEFICS3 = Architecture(
     boundary_patterns=(r"<row_\d+_col_\d+>",),
     nest_images=True,  # the processor takes images per sample: [[img]]
     hub_id="HuggingFaceM4/Idefics3-8B-Llama3",
+    geometry=PatchGeometry(layout="split_tiles_global"),
     tiny="tiny-idefics3",
     client="tiny_idefics3",
 )

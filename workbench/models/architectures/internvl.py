@@ -2,7 +2,7 @@
 linear -> GELU -> linear connector, Qwen2 decoder; dynamic tiles plus a thumbnail, each framed
 by <img> ... </img>."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 INTERNVL = Architecture(
     family="internvl",
@@ -24,6 +24,7 @@ INTERNVL = Architecture(
     image_token="<IMG_CONTEXT>",
     boundary_tokens=("<img>", "</img>"),
     hub_id="OpenGVLab/InternVL3-1B-hf",
+    geometry=PatchGeometry(layout="dynamic_tiles"),
     tiny="tiny-internvl",
     client="tiny_internvl",
 )

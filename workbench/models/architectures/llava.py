@@ -1,7 +1,7 @@
 """LLaVA-1.5: CLIP ViT tower read at its penultimate layer (CLS row dropped), 2-layer MLP connector,
 Llama decoder. One fixed-size image (576 tokens at 336 px), no tiles, no framing tokens."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 LLAVA = Architecture(
     family="llava",
@@ -23,6 +23,7 @@ LLAVA = Architecture(
     tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",  # no framing tokens
     hub_id="llava-hf/llava-1.5-7b-hf",
+    geometry=PatchGeometry(layout="center_crop_grid"),
     tiny="tiny-llava",
     client="tiny_llava",
 )

@@ -3,7 +3,7 @@ MLP connector, Mistral/Vicuna decoder. AnyRes: a base tile of the whole image, t
 best-fit grid of tiles, unpadded to the image's aspect, with a learned `image_newline` row after
 each row of features."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 LLAVA_NEXT = Architecture(
     family="llava_next",
@@ -28,6 +28,7 @@ LLAVA_NEXT = Architecture(
     tower_prefix_rows=1,   # CLS (transformers 5.25 models/llava/modeling_llava.py get_image_features)
     image_token="<image>",
     hub_id="llava-hf/llava-v1.6-mistral-7b-hf",
+    geometry=PatchGeometry(layout="anyres"),
     tiny="tiny-llava_next",
     client="tiny_llava_next",
 )

@@ -1,7 +1,7 @@
 """LLaVA-OneVision: SigLIP tower, 2-layer MLP connector (LLaVA style), Qwen2 decoder; AnyRes tiles
 with a learned `image_newline` row appended after each row of features."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 LLAVA_ONEVISION = Architecture(
     family="llava_onevision",
@@ -22,6 +22,7 @@ LLAVA_ONEVISION = Architecture(
                      "linear_2": "model.multi_modal_projector.linear_2"},
     image_token="<image>",  # every feature row, newline rows included; no framing tokens
     hub_id="llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+    geometry=PatchGeometry(layout="anyres"),
     tiny="tiny-llava_onevision",
     client="tiny_llava_onevision",
 )

@@ -3,7 +3,7 @@ connector RMSNorm -> 2x2 patch merger (a linear layer over each unfolded group) 
 Mistral decoder. The image is a grid of `[IMG]` rows, each row ended by `[IMG_BREAK]` and the last
 by `[IMG_END]`: learned tokens, not image features (labelled boundary)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 MISTRAL3 = Architecture(
     family="mistral3",
@@ -26,6 +26,7 @@ MISTRAL3 = Architecture(
     image_token="[IMG]",
     boundary_tokens=("[IMG_BREAK]", "[IMG_END]"),
     hub_id="mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+    geometry=PatchGeometry(layout="native_rows"),
     tiny="tiny-mistral3",
     client="tiny_mistral3",
 )

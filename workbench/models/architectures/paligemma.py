@@ -3,7 +3,7 @@ prompt (token_type_ids 0) attend to each other bidirectionally, so the processor
 `token_type_ids` must reach the model, and a prompt cannot be split into a prefill and a decode
 step without changing it (kv_swap is refused)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 PALIGEMMA = Architecture(
     family="paligemma",
@@ -34,6 +34,7 @@ PALIGEMMA = Architecture(
     prefix_lm=True,
     position_offset=1,
     hub_id="google/paligemma2-3b-pt-224",
+    geometry=PatchGeometry(layout="square_grid"),
     tiny="tiny-paligemma",
     client="tiny_paligemma",
 )

@@ -1,6 +1,6 @@
 """Qwen2.5-VL: ViT with window attention, patch merger (RMSNorm + MLP), Qwen2 decoder with M-RoPE."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN2_5_VL = Architecture(
     family="qwen2_5_vl",
@@ -22,6 +22,7 @@ QWEN2_5_VL = Architecture(
     mrope=True,  # `rope_deltas` cached on the model between forwards
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
     hub_id="Qwen/Qwen2.5-VL-3B-Instruct",
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-qwen2_5_vl",
     client="tiny_qwen2_5_vl",
 )

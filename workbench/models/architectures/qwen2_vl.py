@@ -1,7 +1,7 @@
 """Qwen2-VL: ViT with 2-D RoPE over native-resolution patches (full attention in every block),
 patch merger (LayerNorm + MLP over 2x2 patches), Qwen2 decoder with M-RoPE."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN2_VL = Architecture(
     family="qwen2_vl",
@@ -23,6 +23,7 @@ QWEN2_VL = Architecture(
     mrope=True,  # `rope_deltas` cached on the model between forwards
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
     hub_id="Qwen/Qwen2-VL-2B-Instruct",
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-qwen2_vl",
     client="tiny_qwen2_vl",
 )

@@ -2,7 +2,7 @@
 interleaved M-RoPE, its decoder's MLPs sparse mixtures of experts (`mlp.gate` routes each token to its
 top-k experts; transformers 5.25 models/qwen3_vl_moe/modeling_qwen3_vl_moe.py)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN3VLMOE = Architecture(
     family="qwen3_vl_moe",
@@ -33,6 +33,7 @@ QWEN3VLMOE = Architecture(
     # Qwen3VLMoeTextTopKRouter returns (logits, top-k weights, top-k indices)
     router="mlp.gate",
     router_logits=0,
+    geometry=PatchGeometry(layout="merged_grid"),  # Qwen3-VL's processor
     hub_id="Qwen/Qwen3-VL-30B-A3B-Instruct",
     tiny="tiny-qwen3_vl_moe",
     client="tiny_qwen3_vl_moe",

@@ -1,6 +1,6 @@
 """Qwen3-VL: ViT with DeepStack mergers, patch merger, Qwen3 decoder with interleaved M-RoPE."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 QWEN3VL = Architecture(
     family="qwen3vl",
@@ -29,6 +29,7 @@ QWEN3VL = Architecture(
     # required whenever image_grid_thw is passed, one entry per token
     per_token_keys=("input_ids", "attention_mask", "mm_token_type_ids"),
     hub_id="Qwen/Qwen3-VL-2B-Instruct",
+    geometry=PatchGeometry(layout="merged_grid"),
     tiny="tiny-qwen3vl",
     client="tiny_qwen3vl",
 )

@@ -1,7 +1,7 @@
 """SmolVLM: SigLIP tower, pixel-shuffle + linear connector, Llama decoder (Idefics3's module tree,
 its own model type; Idefics3 is the family `idefics3`)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 SMOLVLM = Architecture(
     family="smolvlm",
@@ -23,6 +23,7 @@ SMOLVLM = Architecture(
     boundary_patterns=(r"<row_\d+_col_\d+>",),
     nest_images=True,  # the processor splits images per sample: [[img]]
     hub_id="HuggingFaceTB/SmolVLM2-2.2B-Instruct",
+    geometry=PatchGeometry(layout="split_tiles_global"),
     tiny="tiny-smolvlm",
     client="tiny_smolvlm",
 )
