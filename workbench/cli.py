@@ -48,11 +48,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     if spec.plugins:
-        from .extend import intervention_kinds
+        from .extend import intervention_kinds, site_module
+        from .sites import SITES
 
-        kinds = intervention_kinds().values()
-        print("  plugins: " + ", ".join(f"{name} ({', '.join(k.name for k in kinds if k.module == name) or 'no kinds'})"
-                                       for name in spec.plugins))
+        def declared(module: str) -> str:
+            names = [k.name for k in intervention_kinds().values() if k.module == module]
+            names += [f"site {name}" for name in SITES if site_module(name) == module]
+            return ", ".join(names) or "no kinds or sites"
+
+        print("  plugins: " + ", ".join(f"{name} ({declared(name)})" for name in spec.plugins))
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")

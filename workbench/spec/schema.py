@@ -20,10 +20,8 @@ from pydantic import (
 
 from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from .fields import (
-    CAPTURE_SITES,
     DATA_SOURCES,
     DATBENCH_CONFIGS,
-    EDITABLE_SITES,
     IMAGE_MODES,
     ConditionName,
     Layers,
@@ -43,6 +41,8 @@ from .fields import (
     _kv_parts,
     _one_of,
     _unique_models,
+    capture_sites,
+    editable_sites,
 )
 from .kinds import InterventionEntry
 from .kinds import SpecModel as _Model
@@ -354,16 +354,17 @@ def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[
 def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
     """Sites that exist but cannot play the role asked (e.g. `capture: {site: vision}`): refused
     here, so `validate` refuses what `run` would, without loading any model."""
-    problems = []
+    problems: list[tuple[SpecPath, str]] = []
+    captured, editable = capture_sites(), editable_sites()
     for i, item in enumerate(spec.capture):
-        if item.site not in CAPTURE_SITES:
+        if item.site not in captured:
             problems.append((("capture", i, "site"), f"site {item.site!r} cannot be captured; expected one of "
-                             f"{', '.join(CAPTURE_SITES)} (the projector output is 'hidden' at layer 0 on vision rows)"))
+                             f"{', '.join(captured)} (the projector output is 'hidden' at layer 0 on vision rows)"))
     for name, cond in spec.conditions.items():
         for j, iv in enumerate(cond.interventions):
-            if iv.site not in EDITABLE_SITES:
+            if iv.site not in editable:
                 problems.append((("conditions", name, "interventions", j, "site"),
-                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(EDITABLE_SITES)}"))
+                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(editable)}"))
     return problems
 
 
