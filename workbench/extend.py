@@ -23,8 +23,10 @@ declares its own the same way: the spec reads the registry when it is validated,
 ``capture`` and the interventions take the site, ``validate`` checks it against each model, and its
 variables are stored with the dims it declares.
 
-Kinds declared outside the workbench run locally; a remote run (NDIF) refuses them before any
-job, since only the workbench's own code is shipped to the server.
+On NDIF a plugin module's kinds and sites run too when its code imports only what NDIF's
+whitelist allows (torch, numpy, typing, ..., and the workbench): the module is shipped by value
+with each job, as the workbench's own code is. Otherwise a remote run is refused before any job,
+naming the import (`workbench.backends.shipping`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from .spec.kinds import InterventionSpec, KindSpec, swept_fields
 
 __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "register_intervention",
            "intervention_kinds", "load_plugin", "Layers", "LayersOrVar", "Number", "NumberOrVar", "Positions",
-           "PositionsOrVar", "Swept", "ENTRY_POINT_GROUP", "Site", "register_site", "site_module",
+           "PositionsOrVar", "Swept", "ENTRY_POINT_GROUP", "Site", "register_site", "site_module", "plugin_site_modules",
            "load_entry_points"]
 
 ENTRY_POINT_GROUP = "workbench.plugins"
@@ -82,8 +84,17 @@ class InterventionKind:
 
     @property
     def remote(self) -> bool:
-        """Whether it runs on NDIF: its code must travel there (only the workbench's does)."""
-        return self.builtin
+        """Whether it runs on NDIF: its code travels there by value, as the workbench's own does,
+        when its module imports only what NDIF allows (`workbench.backends.shipping`)."""
+        return self.remote_problem() is None
+
+    def remote_problem(self) -> str | None:
+        """Why its code cannot be shipped to NDIF (naming the import), or None."""
+        if self.builtin:
+            return None
+        from .backends.shipping import ndif_problem
+
+        return ndif_problem(self.module)
 
     def swept(self) -> dict[str, str]:
         """{field: what it holds} of the fields that take a '$variable': those whose type carries
@@ -206,6 +217,11 @@ def register_site(entry: Site) -> Site:
                              f"first to be a row dim, one of {ROW_DIMS}")
     SITE_MODULES[entry.name] = module
     return _declare_site(entry)
+
+
+def plugin_site_modules() -> dict[str, str]:
+    """{site: module} of the sites plugins declared (they travel to NDIF with the registry)."""
+    return {name: module for name, module in SITE_MODULES.items() if name in SITES}
 
 
 def site_module(name: str) -> str:

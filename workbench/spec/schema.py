@@ -369,16 +369,21 @@ def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
 
 
 def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
-    """A remote backend runs only kinds whose code travels to NDIF (the workbench's own);
-    `workbench.backends.remote` refuses the same for `--remote`."""
+    """A remote backend runs only kinds whose code travels to NDIF (the workbench's own, and a
+    plugin's that imports only what NDIF allows); `workbench.backends.remote_checks` refuses the
+    same for `--remote`."""
     if spec.backend.kind != "remote":
         return []
     kinds = intervention_kinds()
-    return [(("conditions", name, "interventions", j, "kind"),
-             f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}, whose code is not shipped to "
-             "NDIF; expected built-in kinds only with backend kind 'remote' (or run locally)")
-            for name, cond in spec.conditions.items() for j, iv in enumerate(cond.interventions)
-            if not kinds[iv.kind].remote]
+    problems: list[tuple[SpecPath, str]] = []
+    for name, cond in spec.conditions.items():
+        for j, iv in enumerate(cond.interventions):
+            problem = kinds[iv.kind].remote_problem()
+            if problem is not None:
+                problems.append((("conditions", name, "interventions", j, "kind"),
+                                 f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}: {problem}; "
+                                 "expected a plugin importing only those with backend kind 'remote' (or run locally)"))
+    return problems
 
 
 def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:
