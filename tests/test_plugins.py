@@ -179,3 +179,19 @@ def test_entry_point_plugins_register_when_the_registry_loads(registry, tmp_path
     monkeypatch.setattr(extend, "_LOADED", False)
     with pytest.raises(extend.BadInputError, match="plugin 'broken' .*labplug_missing.* failed to load"):
         extend.intervention_kinds()
+
+
+def test_a_plugin_shipped_to_ndif_needs_its_annotations_as_text(registry, tmp_path, monkeypatch):
+    """cloudpickle would ship `int | None` as functools.reduce(operator.or_, ...), which NDIF's
+    unpickler refuses: without `from __future__ import annotations` an annotated plugin is refused."""
+    from workbench.backends.shipping import ndif_problem
+
+    monkeypatch.chdir(tmp_path)
+    text = readme_files()["labplug.py"]
+    (tmp_path / "labplug.py").write_text(text.replace("from __future__ import annotations", "import typing"))
+    assert extend.load_plugin("labplug") is None
+    assert "its annotations (labplug.py:" in ndif_problem("labplug")
+    assert "expected `from __future__ import annotations`" in ndif_problem("labplug")
+    del sys.modules["labplug"]
+    (tmp_path / "labplug.py").write_text(text)
+    assert extend.load_plugin("labplug") is None and ndif_problem("labplug") is None
