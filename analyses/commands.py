@@ -79,6 +79,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         f"(default: the first {DEFAULT_OVERLAY_SAMPLES} of the reference condition)")
     parser.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="figure_format",
                         help="file format of the figures (default: png)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="compute on the dask.distributed scheduler at ADDRESS (e.g. tcp://10.0.0.5:8786; "
                              "default: DASK_SCHEDULER_ADDRESS, else local threads); its workers must reach STORE")
@@ -166,6 +167,11 @@ def _options(args: argparse.Namespace):
                                                   "rank_base": args.rank_base})
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """A bar over the analyses (on a terminal only), unless -q or --no-progress."""
+    return not (getattr(args, "quiet", False) or args.no_progress)
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     from .cluster import computing_on, scheduler_address
     from .tables import analyze
@@ -173,7 +179,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     load_analyses(args)
     check_arguments(args)
     with computing_on(scheduler_address(args.scheduler)):
-        sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models))
+        sys.stdout.write(analyze(args.store, args.names or None, _options(args), args.models, progress=_progress(args)))
         if args.figures:
             _write_figures(args)
     return 0
@@ -196,7 +202,7 @@ def run_report(args: argparse.Namespace) -> int:
     load_analyses(args)
     check_arguments(args)
     with computing_on(scheduler_address(args.scheduler)):
-        path = write_report(args.store, args.out, _options(args), args.models)
+        path = write_report(args.store, args.out, _options(args), args.models, progress=_progress(args))
     figures = sorted(p.name for p in path.parent.glob(f"*.{args.figure_format}"))
     print(f"wrote {path}, {path.with_suffix('.html')} and {len(figures)} figure(s): {', '.join(figures)}")
     return 0

@@ -24,6 +24,7 @@ from pathlib import Path
 import xarray as xr
 
 from workbench.definitions import describe as describe_definitions
+from workbench.progress import progress_bar
 from workbench.store import store_info
 
 from . import html
@@ -93,17 +94,21 @@ def _appendix(opened: dict[str, xr.Dataset], options: Options) -> list[html.Html
 
 
 def write_report(store: str | Path, out: str | Path, options: Options | None = None,
-                 models: list[str] | None = None) -> Path:
-    """Write DIR/report.md and DIR/report.html with every table and figure; returns report.md's path."""
+                 models: list[str] | None = None, progress: bool = False) -> Path:
+    """Write DIR/report.md and DIR/report.html with every table and figure; returns report.md's path.
+    progress: a bar over the analyses (on a terminal, `workbench.progress`)."""
     store, out = Path(store), Path(out)
     options = options or Options()
     opened = open_models(store, models)
     out.mkdir(parents=True, exist_ok=True)
     sections: list[tuple[Analysis, Table, list[FigureFile]]] = []
-    with forcing() if options.force else contextlib.nullcontext():   # each analysis recomputed once
-        for analysis in analyses():
+    with forcing() if options.force else contextlib.nullcontext(), \
+            progress_bar(len(analyses()), desc="report", unit="analysis", enabled=progress) as bar:
+        for analysis in analyses():   # each analysis recomputed once (under --force)
+            bar.set_postfix_str(analysis.name, refresh=False)
             sections.append((analysis, analysis.table(opened, options),
                              [draw(make, opened, options, out) for make in analysis.figures]))
+            bar.update(1)
     title = f"Analyses of {store.name}"
     intro = [f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `workbench report`.", ""]
     intro += _store_summary(store)

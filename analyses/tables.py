@@ -26,6 +26,7 @@ import xarray as xr
 
 from workbench.definitions import describe as describe_definitions
 from workbench.definitions import resolve as resolve_definitions
+from workbench.progress import progress_bar
 from workbench.store import list_models
 
 from .bootstrap import MIN_SAMPLES, N_RESAMPLES, SEED, SMALL_SAMPLES
@@ -310,9 +311,10 @@ def open_models(store: str | Path, models: list[str] | None = None) -> dict[str,
 
 
 def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
-                 models: list[str] | None = None, opened: dict[str, xr.Dataset] | None = None) -> list[Table]:
+                 models: list[str] | None = None, opened: dict[str, xr.Dataset] | None = None,
+                 progress: bool = False) -> list[Table]:
     """The named tables (default: every registered analysis's, in order) of a store (`opened`: its models,
-    already opened with `open_models`)."""
+    already opened with `open_models`); progress: a bar over them (on a terminal, `workbench.progress`)."""
     options = options or Options()
     builders = {a.name: a.table for a in analyses()}
     names = list(names or builders)
@@ -320,12 +322,18 @@ def build_tables(store: str | Path, names: list[str] | tuple[str, ...] | None = 
     if unknown:
         raise ValueError(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(analysis_names())}")
     opened = open_models(store, models) if opened is None else opened
-    with forcing() if options.force else contextlib.nullcontext():
-        return [builders[name](opened, options) for name in names]
+    tables = []
+    with forcing() if options.force else contextlib.nullcontext(), \
+            progress_bar(len(names), desc="analyze", unit="table", enabled=progress) as bar:
+        for name in names:
+            bar.set_postfix_str(name, refresh=False)
+            tables.append(builders[name](opened, options))
+            bar.update(1)
+    return tables
 
 
 def analyze(store: str | Path, names: list[str] | tuple[str, ...] | None = None, options: Options | None = None,
-            models: list[str] | None = None) -> str:
+            models: list[str] | None = None, progress: bool = False) -> str:
     """The tables as one markdown document (what `workbench analyze` prints)."""
-    tables = build_tables(store, names, options, models)
+    tables = build_tables(store, names, options, models, progress=progress)
     return "\n\n".join(t.markdown() for t in tables) + "\n"

@@ -196,6 +196,10 @@ def worker_main(connection: Any, loaders: dict, hidden: tuple) -> None:
     for name in [m for m in sys.modules if m.split(".")[0] in hidden]:
         del sys.modules[name]
     sys.meta_path.insert(0, _Hidden(tuple(hidden)))
+    # the server's own code that nnsight 0.8.1 imports on a job's path (RequestModel.deserialize:
+    # zstandard), loaded as a server is, whatever its models' loading happened to import
+    import zstandard  # noqa: F401
+
     server_packages = frozenset(m.split(".")[0] for m in list(sys.modules)) - set(hidden)
 
     def protector_for(modules: tuple) -> Protector:

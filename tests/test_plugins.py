@@ -1,7 +1,7 @@
 """Intervention kinds from outside the package (`workbench.extend`): the docs' plugin example
 (docs/specs.md), run verbatim (its module and spec written as the page shows them, its commands through the
 CLI), its stored values against plain PyTorch hooks; a plugin that does not import, one from an
-entry point, and a plugin kind in a remote run."""
+entry point, and a plugin kind whose imports NDIF does not allow in a remote run."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def test_readme_plugin_runs_locally_and_equals_plain_hooks(registry, tmp_path, m
     out = capsys.readouterr().out
     assert "valid" in out and "plugins: labplug (clamp)" in out
     assert cli(run) == 0
-    assert extend.intervention_kinds()["clamp"].module == "labplug" and not extend.intervention_kinds()["clamp"].remote
+    # its imports (typing, torch, the workbench) are on NDIF's whitelist: it can be shipped there
+    assert extend.intervention_kinds()["clamp"].module == "labplug" and extend.intervention_kinds()["clamp"].remote
 
     ds = open_store("stores/clamp.zarr", model="tiny-llama")
     model = load_tiny("tiny-llama")
@@ -129,9 +130,14 @@ def test_a_plugin_that_does_not_import_is_refused_with_its_line(registry, tmp_pa
     assert "plugins[0]: cannot import plugin module 'broken' (RuntimeError: half-written)" in capsys.readouterr().err
 
 
+def unshippable_plugin() -> str:
+    """The page's plugin, importing a module NDIF's whitelist does not allow (line 6)."""
+    return readme_files()["labplug.py"].replace("import torch\n", "import json\nimport torch\n")
+
+
 def test_plugin_kind_entries_are_validated_and_refused_remotely(registry, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "labplug.py").write_text(readme_files()["labplug.py"])
+    (tmp_path / "labplug.py").write_text(unshippable_plugin())
     text = SPEC.format(plugin="labplug").replace(
         "  baseline: {}\n", "  baseline: {}\n  c: {interventions: [{kind: clamp, site: layer, limt: 1}]}\n")
     (tmp_path / "spec.yaml").write_text(text)
@@ -142,20 +148,20 @@ def test_plugin_kind_entries_are_validated_and_refused_remotely(registry, tmp_pa
     (tmp_path / "spec.yaml").write_text(text.replace("limt", "limit") + "backend: {kind: remote}\n")
     assert cli("workbench validate spec.yaml") == 2
     err = capsys.readouterr().err
-    assert ("spec.yaml:7: conditions.c.interventions[0].kind: kind 'clamp' comes from plugin module 'labplug', "
-            "whose code is not shipped to NDIF") in err, err
+    assert ("spec.yaml:7: conditions.c.interventions[0].kind: kind 'clamp' comes from plugin module 'labplug': "
+            "it imports 'json' (labplug.py:6), not on NDIF's whitelist") in err, err
 
 
-def test_run_remote_refuses_a_plugin_kind_before_any_job(registry, tmp_path, monkeypatch, capsys):
+def test_run_remote_refuses_an_unshippable_plugin_kind_before_any_job(registry, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "labplug.py").write_text(readme_files()["labplug.py"])
+    (tmp_path / "labplug.py").write_text(unshippable_plugin())
     text = SPEC.format(plugin="labplug").replace(
         "  baseline: {}\n", "  baseline: {}\n  c: {interventions: [{kind: clamp, site: layer, limit: 1}]}\n")
     (tmp_path / "spec.yaml").write_text(text)
     monkeypatch.setenv("NDIF_API_KEY", "unused")
     assert cli("workbench run spec.yaml --remote http://127.0.0.1:9") == 2
     err = capsys.readouterr().err
-    assert "condition 'c': intervention kind 'clamp' comes from plugin module 'labplug'" in err, err
+    assert "condition 'c': intervention kind 'clamp' comes from plugin module 'labplug': it imports 'json'" in err, err
     assert not (tmp_path / "s.zarr").exists()
 
 
@@ -173,3 +179,19 @@ def test_entry_point_plugins_register_when_the_registry_loads(registry, tmp_path
     monkeypatch.setattr(extend, "_LOADED", False)
     with pytest.raises(extend.BadInputError, match="plugin 'broken' .*labplug_missing.* failed to load"):
         extend.intervention_kinds()
+
+
+def test_a_plugin_shipped_to_ndif_needs_its_annotations_as_text(registry, tmp_path, monkeypatch):
+    """cloudpickle would ship `int | None` as functools.reduce(operator.or_, ...), which NDIF's
+    unpickler refuses: without `from __future__ import annotations` an annotated plugin is refused."""
+    from workbench.backends.shipping import ndif_problem
+
+    monkeypatch.chdir(tmp_path)
+    text = readme_files()["labplug.py"]
+    (tmp_path / "labplug.py").write_text(text.replace("from __future__ import annotations", "import typing"))
+    assert extend.load_plugin("labplug") is None
+    assert "its annotations (labplug.py:" in ndif_problem("labplug")
+    assert "expected `from __future__ import annotations`" in ndif_problem("labplug")
+    del sys.modules["labplug"]
+    (tmp_path / "labplug.py").write_text(text)
+    assert extend.load_plugin("labplug") is None and ndif_problem("labplug") is None

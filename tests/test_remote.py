@@ -53,7 +53,7 @@ from workbench.runner import run_spec  # noqa: E402
 from workbench.sites import order  # noqa: E402
 from workbench.spec import parse_spec  # noqa: E402
 
-from support.remote import BACKEND_ATTRS, KEY, MODELS, ndif_key, sandboxed_server  # noqa: E402
+from support.remote import KEY, MODELS, assert_same_results, load, ndif_key, sandboxed_server  # noqa: E402
 
 ALL_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
                 "{site: embed}, {site: final_norm}, {site: keys_pre}, {site: attn_out}, {site: mlp_out}, "
@@ -159,22 +159,6 @@ def config(server, **overrides) -> RemoteConfig:
 def run(text: str, remote, logs: list | None = None):
     logs = [] if logs is None else logs
     return run_spec(parse_spec(text), device="cpu", dtype="float32", progress=False, log=logs.append, remote=remote)
-
-
-def load(store: Path, model: str) -> xr.Dataset:
-    ds = workbench.open_store(store, model=model).load()
-    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in BACKEND_ATTRS}
-    return ds.reset_index(["token", "run"])
-
-
-def assert_same_results(local: xr.Dataset, remote: xr.Dataset) -> None:
-    """The same labels, coordinates and attrs exactly, and the same captures within fp32 rounding
-    (rtol 1e-5, atol 1e-6): on some CPUs (seen on an AMD EPYC VM) the same forward run in the
-    server's thread and in the test's differs in the last bits (~1e-9 in attention weights,
-    ~1e-6 in log-probs), as kernels dispatched on another buffer's alignment may."""
-    xr.testing.assert_identical(local.drop_vars(list(local.data_vars)), remote.drop_vars(list(remote.data_vars)))
-    assert sorted(local.data_vars) == sorted(remote.data_vars)
-    xr.testing.assert_allclose(local, remote, rtol=1e-5, atol=1e-6)
 
 
 def stored_samples(store: Path, model: str = "tiny-llama") -> dict[str, set[str]]:

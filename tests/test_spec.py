@@ -329,7 +329,8 @@ def test_capturable_and_editable_sites_agree_with_the_plan():
 
     # both derived from the registry (workbench.sites); the spec adds the families' connector parts
     assert spec.EDITABLE_SITES == sites.EDITABLE_SITES + spec.PART_SITES
-    assert plan.CAPTURE_SITES is spec.CAPTURE_SITES
+    assert plan.capture_sites is spec.capture_sites and plan.editable_sites is spec.editable_sites
+    assert spec.CAPTURE_SITES == spec.capture_sites() == sites.CAPTURE_SITES   # read from the registry when asked
     assert "vision" in spec.CAPTURE_SITES and "vision_layer" in spec.EDITABLE_SITES
 
 

@@ -11,10 +11,9 @@ exits, this raises it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import xarray as xr
 
@@ -80,8 +79,8 @@ def run(
         raise BadInputError(f"model: got {model!r}; expected one of the spec's models: {', '.join(loaded.models)}")
     # The CLI also tunes glibc's allocator for its process (runner.tune_allocator); a notebook's
     # kernel is the user's process, so it is left as it is.
-    with contextlib.nullcontext() if progress else _library_bars_off():
-        summary = run_spec(loaded, device=device or "auto", dtype=dtype or "auto", progress=progress, remote=remote)
+    # progress=False also hides transformers' and huggingface_hub's bars, for this run only (runner)
+    summary = run_spec(loaded, device=device or "auto", dtype=dtype or "auto", progress=progress, remote=remote)
     if summary.nonfinite:
         _LOG.warning(f"{len(summary.nonfinite)} capture(s) hold NaN or Inf (stored as is, counted in the "
                      "'nonfinite' variable):\n  " + "\n  ".join(summary.nonfinite[:20]))
@@ -90,23 +89,3 @@ def run(
     if model is None and len(loaded.models) == 1:
         model = loaded.models[0]
     return open_store(summary.store, model)
-
-
-@contextlib.contextmanager
-def _library_bars_off() -> Iterator[None]:
-    """`progress=False` silences transformers' and huggingface_hub's own bars ("Loading weights")
-    too, for this run only: their switches are process-wide, and a notebook's kernel is the user's
-    process (transformers 5.x utils/logging.py, huggingface_hub utils/tqdm.py)."""
-    import huggingface_hub.utils as hub_utils
-    import transformers.utils.logging as hf_logging
-
-    transformers_on, hub_on = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled()
-    hf_logging.disable_progress_bar()
-    hub_utils.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if transformers_on:
-            hf_logging.enable_progress_bar()
-        if hub_on:
-            hub_utils.enable_progress_bars()

@@ -66,7 +66,7 @@ class SiteValues(Record):
 
     _fields = ("site", "layers", "positions")
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
         if self.site == "layer":
             return [(order("layer", l, 1), l) for l in self.layers or ()]
         return [(order(self.site, None, 1), None)]

@@ -48,11 +48,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.spec}: valid — {len(spec.models)} model(s), {n_conditions} condition(s), "
           f"{spec.data.n} sample(s) from {spec.data.source}, store {spec.store.path}")
     if spec.plugins:
-        from .extend import intervention_kinds
+        from .extend import intervention_kinds, site_module
+        from .sites import SITES
 
-        kinds = intervention_kinds().values()
-        print("  plugins: " + ", ".join(f"{name} ({', '.join(k.name for k in kinds if k.module == name) or 'no kinds'})"
-                                       for name in spec.plugins))
+        def declared(module: str) -> str:
+            names = [k.name for k in intervention_kinds().values() if k.module == module]
+            names += [f"site {name}" for name in SITES if site_module(name) == module]
+            return ", ".join(names) or "no kinds or sites"
+
+        print("  plugins: " + ", ".join(f"{name} ({declared(name)})" for name in spec.plugins))
     for plan in plans:
         print(f"  {plan.info.model_id}: {plan.info.arch.family}, {plan.info.n_layers} layers, "
               f"hidden {plan.info.hidden_size}")
@@ -139,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     quiet = args.quiet
     try:
         summary = run_spec(spec, device=args.device or "auto", dtype=args.dtype or "auto",
-                           progress=not (args.no_progress or quiet), remote=args.remote, shard=shard)
+                           progress=_progress(args), remote=args.remote, shard=shard)
     except RemoteRunError as err:
         if err.exit_code == 2:  # a setup error (no key, a refused version): checked before the store is touched
             raise
@@ -211,7 +215,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from .merge import merge_arguments, merge_stores
 
     out, shards = merge_arguments(args.out, args.stores)
-    merge_stores(out, shards)
+    merge_stores(out, shards, progress=_progress(args))
     print(f"next: workbench verify {out}   # or: workbench analyze {out}")
     return 0
 
@@ -246,7 +250,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"repaired: {line}")
         if not done:
             print(f"{args.store}: its config, branch pointer and branch snapshot read back; nothing to repair")
-    damage = verify_store(args.store, progress=not args.no_progress)
+    damage = verify_store(args.store, progress=_progress(args))
     if args.json:
         print(json.dumps([d.__dict__ for d in damage], indent=2, default=list))
     elif not damage:
@@ -351,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "new or a merge in progress; it is refused when OUT is itself a shard store.")
     merge.add_argument("stores", nargs="+", metavar="SHARD", help="the shard stores, in any order")
     merge.add_argument("--out", metavar="OUT", help="the merged store (new, or a merge in progress)")
+    merge.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     merge.set_defaults(func=cmd_merge)
 
     check = sub.add_parser("check", parents=[common], help="does the workbench read this model right? (one sample, PASS/FAIL)",
@@ -447,18 +452,24 @@ def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
     _LOG.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
 
 
-def _quiet_libraries() -> None:
-    """Our own progress bar is the one to watch: silence per-file load bars and info logs."""
-    import os
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+def _quiet_libraries(progress: bool = False) -> None:
+    """Our own bar is the one to watch: transformers' per-file load bars and info logs are off.
+    huggingface_hub's download bars (a first download can take minutes, and only they measure it)
+    stay on a terminal unless `progress` is off (-q, --no-progress). This process is ours: no restore."""
     try:
+        import huggingface_hub.utils
         import transformers
+    except ImportError:  # the analysis-only install has neither
+        return
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if not progress:
+        huggingface_hub.utils.disable_progress_bars()
 
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:  # the analysis-only install has no transformers
-        pass
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Whether a command draws its bar: not with -q or --no-progress (and only on a terminal)."""
+    return not (getattr(args, "quiet", False) or getattr(args, "no_progress", False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -472,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     configure_logging(args.quiet, args.verbose)
     if args.command in ("run", "validate"):  # the commands that load models
-        _quiet_libraries()
+        _quiet_libraries(args.command == "run" and _progress(args))
     previous = stop_on_sigterm()
     try:
         return args.func(args)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .sites import VARIABLE_DIMS, site
+from .sites import site, variable_dims
 
 ENCODED_SAMPLES = 16  # samples encoded per model and image mode; the rest are taken at their mean
 INT64_VARIABLES = frozenset({"generated", "lens_ids"})
@@ -77,7 +77,7 @@ def _variables(spec: Any) -> list[str]:
 
 def _row_bytes(plan: Any, variable: str) -> tuple[str, int] | tuple[None, str]:
     """(row dim, bytes per row) of `variable`, or (None, the dim whose size is unknown)."""
-    dims = VARIABLE_DIMS[variable]
+    dims = variable_dims()[variable]
     sizes = _dim_sizes(plan, variable)
     unknown = [d for d in dims[1:] if d not in sizes]
     if dims[0] not in ("token", "run") or unknown:
@@ -119,7 +119,7 @@ def estimate_run(spec: Any, plans: list[Any] | None = None, samples: Any = None)
         batches = math.ceil(len(conditions) / max(1, plan.batch_size))
         est.runs, est.forwards = n_samples * len(conditions), n_samples * batches * steps
         tokens, est.tokens_extrapolated = _token_counts(plan, samples, n_samples, {image for _, image in conditions})
-        rows = [(v, *_row_bytes(plan, v)) for v in variables if v in VARIABLE_DIMS]
+        rows = [(v, *_row_bytes(plan, v)) for v in variables if v in variable_dims()]
         est.not_estimated = {v: size for v, dim, size in rows if dim is None}
         for name, image in conditions:
             per_variable = {v: size * (tokens[image] if dim == "token" else n_samples)

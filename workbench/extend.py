@@ -18,17 +18,22 @@ installed packages may declare theirs under the entry-point group ``workbench.pl
 
 A site is one `Site` record passed to ``register_site`` (see `workbench.sites.base`): where it
 runs, its index and dims, how its value is reached (`tensor`) and the reader a capture of it adds
-(`capture`); the built-in sites are one module each under ``workbench/sites/``. The spec's list of
-sites is fixed when `workbench.spec` is imported, so a new site is a module of that folder.
+(`capture`); the built-in sites are one module each under ``workbench/sites/``. A plugin module
+declares its own the same way: the spec reads the registry when it is validated, so from then on
+``capture`` and the interventions take the site, ``validate`` checks it against each model, and its
+variables are stored with the dims it declares.
 
-Kinds declared outside the workbench run locally; a remote run (NDIF) refuses them before any
-job, since only the workbench's own code is shipped to the server.
+On NDIF a plugin module's kinds and sites run too when its code imports only what NDIF's
+whitelist allows (torch, numpy, typing, ..., and the workbench): the module is shipped by value
+with each job, as the workbench's own code is. Otherwise a remote run is refused before any job,
+naming the import (`workbench.backends.shipping`).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -36,14 +41,15 @@ from typing import Any, Callable, TypeVar, get_args
 
 from .errors import BadInputError
 from .interventions.base import Intervention
-from .spec.fields import Layers, LayersOrVar, Number, NumberOrVar, Positions, PositionsOrVar, Site, Swept
-from .sites import Site, register_site
+from .sites import SITES, Site
+from .sites import register_site as _declare_site
+from .spec.fields import Layers, LayersOrVar, Number, NumberOrVar, Positions, PositionsOrVar, Swept
 from .spec.kinds import InterventionSpec, KindSpec, swept_fields
 
 __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "register_intervention",
            "intervention_kinds", "load_plugin", "Layers", "LayersOrVar", "Number", "NumberOrVar", "Positions",
-           "PositionsOrVar", "Site", "Swept",
-           "ENTRY_POINT_GROUP", "Site", "register_site"]
+           "PositionsOrVar", "Swept", "ENTRY_POINT_GROUP", "Site", "register_site", "site_module", "plugin_site_modules",
+           "load_entry_points"]
 
 ENTRY_POINT_GROUP = "workbench.plugins"
 # how a site's value is reached (`workbench.sites.Site.access`) where an edit can act
@@ -78,8 +84,17 @@ class InterventionKind:
 
     @property
     def remote(self) -> bool:
-        """Whether it runs on NDIF: its code must travel there (only the workbench's does)."""
-        return self.builtin
+        """Whether it runs on NDIF: its code travels there by value, as the workbench's own does,
+        when its module imports only what NDIF allows (`workbench.backends.shipping`)."""
+        return self.remote_problem() is None
+
+    def remote_problem(self) -> str | None:
+        """Why its code cannot be shipped to NDIF (naming the import), or None."""
+        if self.builtin:
+            return None
+        from .backends.shipping import ndif_problem
+
+        return ndif_problem(self.module)
 
     def swept(self) -> dict[str, str]:
         """{field: what it holds} of the fields that take a '$variable': those whose type carries
@@ -135,19 +150,26 @@ def register_intervention(spec: type[KindSpec], *, sites: tuple[str, ...] | None
     return declare
 
 
+def load_entry_points() -> None:
+    """Import the built-in kinds, then every module of the installed packages' entry-point group
+    ``workbench.plugins`` (once per process): their kinds and sites declare themselves."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    _import_builtins()
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as exc:  # a broken installed plugin: say which, not a traceback
+            raise BadInputError(f"the plugin {entry.name!r} ({entry.value}) of entry-point group "
+                                f"{ENTRY_POINT_GROUP!r} failed to load ({type(exc).__name__}: {exc}); "
+                                "expected an importable module") from exc
+
+
 def intervention_kinds() -> dict[str, InterventionKind]:
     """Every declared kind, the built-ins first (in their folder's order), then the entry points'."""
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        _import_builtins()
-        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                entry.load()
-            except Exception as exc:  # a broken installed plugin: say which, not a traceback
-                raise BadInputError(f"the plugin {entry.name!r} ({entry.value}) of entry-point group "
-                                    f"{ENTRY_POINT_GROUP!r} failed to load ({type(exc).__name__}: {exc}); "
-                                    "expected an importable module") from exc
+    load_entry_points()
     # the built-ins by name (whichever was imported first), then the others as they registered
     ordered = sorted(_KINDS.values(), key=lambda k: (not k.builtin, k.name if k.builtin else ""))
     return {k.name: k for k in ordered}
@@ -163,6 +185,48 @@ def _import_builtins() -> None:
     for module in sorted(m.name for m in pkgutil.iter_modules(interventions.__path__)):
         if module != "base":
             importlib.import_module(f"{interventions.__name__}.{module}")
+
+
+# the module that declared each site through `register_site` below (the built-ins declare theirs in
+# `workbench.sites`, each in its own module)
+SITE_MODULES: dict[str, str] = {}
+# what a capture's rows are: its first dim (`workbench.sites.Site.stores`)
+ROW_DIMS = ("token", "vision_patch", "run")
+
+
+def register_site(entry: Site) -> Site:
+    """Declare a site from a plugin module (see the module doc): its name, its variables and their
+    row dim are checked against the sites already declared, then it joins the registry."""
+    from .names import RESERVED_NAMES
+
+    if not isinstance(entry, Site):
+        raise TypeError(f"register_site takes a Site; got {entry!r}")
+    caller = inspect.currentframe()
+    module = getattr(inspect.getmodule(caller.f_back if caller else None), "__name__", "__main__")
+    previous = SITE_MODULES.get(entry.name, "workbench.sites" if entry.name in SITES else None)
+    if previous is not None and previous != module:
+        raise ValueError(f"site {entry.name!r} is declared twice: in {previous} and {module}")
+    for variable, dims in entry.stores.items():
+        owner = next((s.name for s in SITES.values() if variable in s.stores and s.name != entry.name), None)
+        if owner is not None or variable in RESERVED_NAMES:
+            raise ValueError(f"site {entry.name!r}: variable {variable!r} is already "
+                             + (f"stored by site {owner!r}" if owner else "a name the store reserves")
+                             + "; expected a name of its own")
+        if not dims or dims[0] not in ROW_DIMS:
+            raise ValueError(f"site {entry.name!r}: variable {variable!r} has dims {tuple(dims)}; expected the "
+                             f"first to be a row dim, one of {ROW_DIMS}")
+    SITE_MODULES[entry.name] = module
+    return _declare_site(entry)
+
+
+def plugin_site_modules() -> dict[str, str]:
+    """{site: module} of the sites plugins declared (they travel to NDIF with the registry)."""
+    return {name: module for name, module in SITE_MODULES.items() if name in SITES}
+
+
+def site_module(name: str) -> str:
+    """The module that declared site `name` (`workbench.sites.<name>` for a built-in)."""
+    return SITE_MODULES.get(name, f"workbench.sites.{name.replace('.', '_')}")
 
 
 def kind_of(runtime: Intervention) -> InterventionKind | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .sites import VARIABLE_DIMS  # dims of every stored capture, from the site registry
+from .sites import variable_dims  # dims of every stored capture, from the site registry
 from .store import Variable
 
 if TYPE_CHECKING:
@@ -30,8 +30,9 @@ def sample_variables(inputs: ModelInputs, result: RunResult, coords: dict[str, d
         **{name: Variable(("token",), values) for name, values in (inputs.geometry or {}).items()},
         **(text or {}),
     }
+    dims = variable_dims()
     for name, data in {**result.tokens, **result.run, **result.patches}.items():
-        variables[name] = Variable(VARIABLE_DIMS[name], data, coords.get(name, {}))
+        variables[name] = Variable(dims[name], data, coords.get(name, {}))
     if result.patches:  # each patch's index within its sample's tower rows
         n_patches = next(iter(result.patches.values())).shape[0]
         variables["patch_position"] = Variable(("vision_patch",), np.arange(n_patches, dtype=np.int64))

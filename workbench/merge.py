@@ -18,6 +18,7 @@ import numpy as np
 import zarr
 
 from .errors import BadInputError
+from .progress import progress_bar
 from .store import (
     MODEL_IDENTITY, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
 )
@@ -73,7 +74,10 @@ def _check_shards(shards: list[_Shard]) -> None:
                 raise MergeError(f"{first.path} and {other.path} ran {key} differently:\n    " + "\n    ".join(diff))
 
 
-def _sample_rows(group: zarr.Group) -> list[tuple[str, dict[str, slice], int, str]]:
+_Row = tuple[str, dict[str, slice], int, str]
+
+
+def _sample_rows(group: zarr.Group) -> list[_Row]:
     """(sample id, its rows per row dim (token, patch), its run row, input hash) of every sample of
     a condition."""
     samples = [str(s) for s in group["run_sample"][:]]
@@ -125,8 +129,10 @@ def _is_shard_store(path: Path) -> bool:
     return True
 
 
-def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callable[[str], None] = print) -> int:
-    """Merge shard stores into `out` (new, or a merge in progress); returns results written."""
+def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callable[[str], None] = print,
+                 progress: bool = False) -> int:
+    """Merge shard stores into `out` (new, or a merge in progress); returns results written.
+    progress: draw a bar over the samples (on a terminal, `workbench.progress`)."""
     out = Path(out)
     with _reading(out):
         shards = sorted((_Shard(Path(p)) for p in shard_paths), key=lambda s: s.index)
@@ -146,34 +152,44 @@ def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callab
             # the shards' own run records, then the merge's (the shards' only on the first pass)
             store.add_provenance(*([] if done_before else [r for s in shards for r in s.provenance]), record)
             models = list(dict.fromkeys(k for s in shards for k in s.models()))
-            for key in models:
-                first = next(s for s in shards if key in s.models())
-                model_attrs = dict(first.models()[key].attrs)
-                store.ensure_model(model_attrs["model_id"], model_attrs)
-                conditions = list(dict.fromkeys(c for s in shards if key in s.models() for c, _ in s.models()[key].groups()))
-                per_shard = {c: [_sample_rows(s.models()[key][c]) if key in s.models() and c in s.models()[key] else []
-                                 for s in shards] for c in conditions}
-                # the single run's order: per sample (round-robin over shards), per condition
-                order = _round_robin([list(dict.fromkeys(r[0] for c in conditions for r in per_shard[c][i]))
-                                      for i in range(len(shards))])
-                for sample in order:
-                    flush()
-                    for condition in conditions:
-                        found = [(i, r) for i, rows in enumerate(per_shard[condition]) for r in rows if r[0] == sample]
-                        if not found or (key, condition, sample) in done_before:
-                            continue
-                        i, (sid, tokens, run, input_hash) = found[0]
-                        group = shards[i].models()[key][condition]
-                        attrs = {k: v for k, v in group.attrs.items() if k != "condition"}
-                        variables = _variables(group, tokens, run)
-                        if sum(captured_bytes(r[3]) for r in pending) + captured_bytes(variables) > GATHER_BYTES:
-                            flush()
-                        pending.append((model_attrs["model_id"], condition, sid, variables, attrs, input_hash))
-                        written += 1
+            orders = {key: _model_order(shards, key) for key in models}
+            with progress_bar(sum(len(order) for _, _, order in orders.values()), desc="merge", unit="sample",
+                              enabled=progress) as bar:
+                for key, (conditions, per_shard, order) in orders.items():
+                    first = next(s for s in shards if key in s.models())
+                    model_attrs = dict(first.models()[key].attrs)
+                    store.ensure_model(model_attrs["model_id"], model_attrs)
+                    for sample in order:
+                        flush()
+                        for condition in conditions:
+                            found = [(i, r) for i, rows in enumerate(per_shard[condition]) for r in rows
+                                     if r[0] == sample]
+                            if not found or (key, condition, sample) in done_before:
+                                continue
+                            i, (sid, tokens, run, input_hash) = found[0]
+                            group = shards[i].models()[key][condition]
+                            attrs = {k: v for k, v in group.attrs.items() if k != "condition"}
+                            variables = _variables(group, tokens, run)
+                            if sum(captured_bytes(r[3]) for r in pending) + captured_bytes(variables) > GATHER_BYTES:
+                                flush()
+                            pending.append((model_attrs["model_id"], condition, sid, variables, attrs, input_hash))
+                            written += 1
+                        bar.update(1)
             flush()
             store.finish_run()
     log(f"merged {len(shards)} shard(s) into {out}: wrote {written} result(s)")
     return written
+
+
+def _model_order(shards: list[_Shard], key: str) -> tuple[list[str], dict[str, list[list[_Row]]], list[str]]:
+    """(conditions, each condition's rows per shard, samples in the single run's order) of model `key`."""
+    conditions = list(dict.fromkeys(c for s in shards if key in s.models() for c, _ in s.models()[key].groups()))
+    per_shard = {c: [_sample_rows(s.models()[key][c]) if key in s.models() and c in s.models()[key] else []
+                     for s in shards] for c in conditions}
+    # the single run's order: per sample (round-robin over shards), per condition
+    order = _round_robin([list(dict.fromkeys(r[0] for c in conditions for r in per_shard[c][i]))
+                          for i in range(len(shards))])
+    return conditions, per_shard, order
 
 
 def _committed(store: StoreWriter) -> set[tuple[str, str, str]]:

@@ -4,7 +4,7 @@ again by the store writer."""
 
 from __future__ import annotations
 
-from .sites import VARIABLE_DIMS
+from .sites import variable_dims
 
 TOKEN_LABELS = ("sample", "position", "modality", "token_id")
 # vision-tower rows (`patch` dim): the sample and the row's index within it
@@ -23,17 +23,29 @@ RUN_TEXT = "run_text"
 RUN_TEXT_LABELS = tuple(name for name in TEXT_LABELS if name.startswith("run_"))
 # labels the store derives from the run rows instead of storing them per token (patch)
 DERIVED_LABELS = ("sample", "position", "patch_sample", "patch_position")
-# every capture's variable and dims come from the site registry
-DIMS = tuple(dict.fromkeys(d for dims in VARIABLE_DIMS.values() for d in ("token", "run", *dims)))
-VARIABLES = (*VARIABLE_DIMS, "n_tokens", "nonfinite")
-RESERVED_NAMES = frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
-                            *GEOMETRY_LABELS, GEOMETRY, GEOMETRY_DIM, *RUN_LABELS, *TEXT_LABELS, RUN_TEXT, *DIMS, *VARIABLES})
+
+
+def _reserved(dims_of: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    dims = dict.fromkeys(d for row_dims in dims_of.values() for d in ("token", "run", *row_dims))
+    return frozenset({".", "..", "zarr.json", "condition", "patch_condition", *TOKEN_LABELS, *PATCH_LABELS,
+                      *GEOMETRY_LABELS, GEOMETRY, GEOMETRY_DIM, *RUN_LABELS, *TEXT_LABELS, RUN_TEXT, *dims, *dims_of,
+                      "n_tokens", "nonfinite"})
+
+
+# every capture's variable and dims come from the site registry; these are the built-in sites'
+# (a store's keys are escaped by this fixed set, the same in every process: store/repository.py)
+_BUILTIN_DIMS = variable_dims()
+DIMS = tuple(dict.fromkeys(d for dims in _BUILTIN_DIMS.values() for d in ("token", "run", *dims)))
+VARIABLES = (*_BUILTIN_DIMS, "n_tokens", "nonfinite")
+RESERVED_NAMES = _reserved(_BUILTIN_DIMS)
 
 
 def reserved_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a condition or sweep variable, or None."""
-    if name in RESERVED_NAMES:
-        shown = ", ".join(sorted(RESERVED_NAMES - {".", ".."}))
+    """Why `name` cannot name a condition or sweep variable, or None (a plugin site's variables
+    and dims are reserved too, once it is registered)."""
+    reserved = RESERVED_NAMES | _reserved(variable_dims())
+    if name in reserved:
+        shown = ", ".join(sorted(reserved - {".", ".."}))
         return f"'{name}' is reserved by the store; expected a name other than . .. {shown}"
     if not name or name.strip() != name or "/" in name or "\\" in name or name.startswith((".", "_", "run_")):
         return f"'{name}' cannot name a store group; expected no '/' or '\\\\', no leading '.', '_' or 'run_'"

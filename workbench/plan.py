@@ -14,7 +14,7 @@ from .records import Record
 from .extend import InterventionKind, intervention_kinds
 from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
-from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
+from .spec import SpecError, capture_sites, editable_sites
 from .spec.sweeps import unbracketed
 
 SpecPath = tuple[Any, ...]
@@ -141,7 +141,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
     along: dict[str, tuple[int, tuple[int, ...]]] = {}  # a layer dim -> the first capture stored along it
     for i, item in enumerate(spec.capture):
         path = ("capture", i)
-        if not check.site(item.site, path + ("site",), CAPTURE_SITES, "captured"):
+        if not check.site(item.site, path + ("site",), capture_sites(), "captured"):
             continue
         if item.positions != "all":
             check.add(path + ("positions",), "captures store every prompt position; expected all "
@@ -171,7 +171,7 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
     base: SpecPath = ("conditions", instance.key, "interventions")
     for j, raw in enumerate(instance.interventions):
         path = base + (j,)
-        if not check.site(raw.site, path + ("site",), EDITABLE_SITES, f"edited by '{raw.kind}'"):
+        if not check.site(raw.site, path + ("site",), editable_sites(), f"edited by '{raw.kind}'"):
             continue
         access = site_entry(raw.site).access
         if access in ("modules", "patches") and getattr(raw, "positions", "all") not in ("vision", "all"):

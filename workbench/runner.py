@@ -14,20 +14,20 @@ import contextlib
 import itertools
 import json
 import logging
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm
 
 from .checks import nonfinite_report
 from .errors import Interrupted, Terminated
 from .executors import Executor, LazyInputs, Outcome, SampleWork, choose_executor
 from .labels import TokenTexts, sample_variables, text_labels
 from .plan import ModelPlan, compile_plan
+from .progress import library_bars_off, progress_bar
 from .provenance import provenance
 from .resume import condition_identity, resume_state
 from .signals import signal_drill, signals_deferred
@@ -154,12 +154,11 @@ def run_spec(
         if executor.describe() is not None:
             record["backend"] = executor.describe()
         store.add_provenance(record)
-        # stderr, and only on a terminal (disable=None): logs of a batch job get no bar
-        bar = tqdm(total=summary.total - summary.skipped, disable=None if progress else True, unit="run",
-                   dynamic_ncols=True, file=sys.stderr)
+        # stderr, and only on a terminal or in a notebook: logs of a batch job get no bar
+        bar = progress_bar(summary.total - summary.skipped, unit="run", enabled=progress)
         run = _Run(RunContext(spec, store, executor, summary, hashes, bar, log))
         try:
-            with known_warnings_silenced(), result_writer(store, spec, summary, bar, executor.write_note(), log) as writer:
+            with known_warnings_silenced(), library_bars_off(not progress), result_writer(store, spec, summary, bar, executor.write_note(), log) as writer:
                 run.todo(state.pending(plans, samples), writer)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
             bar.close()

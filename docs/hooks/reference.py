@@ -147,10 +147,11 @@ def interventions() -> str:
 
 def site_rows() -> str:
     from workbench import sites
+    from workbench.extend import site_module
 
     rows = []
     for name, entry in sites.SITES.items():
-        module = sys.modules[f"workbench.sites.{name.replace('.', '_')}"]
+        module = sys.modules[site_module(name)]
         stored = "; ".join(f"`{v}` ({', '.join(d)})" for v, d in entry.stores.items()) or "—"
         rows.append([_code(name), entry.index and _code(entry.index) or "—", "yes" if entry.vision else "",
                      "yes" if entry.editable else "", _code(entry.access), stored, _first_line(module)])

@@ -16,7 +16,9 @@ What runs where:
 How the code gets there: nnsight serializes the session body with cloudpickle, functions by
 their source. `workbench` is not installed on NDIF, so while a job is serialized the package is
 registered for pickling by value (`cloudpickle.register_pickle_by_value`): every workbench
-function and class the body reaches travels in the payload. NDIF unpickles and runs it inside a
+function and class the body reaches travels in the payload. So do the plugin modules of the
+plan's intervention kinds and of the plugins' sites, when they import only what NDIF allows
+(`shipping`; otherwise `remote_checks` refuses the run before any job, naming the import). NDIF unpickles and runs it inside a
 module and builtin whitelist (ndif-team/ndif at 028db44, src/services/ray/src/ray/nn/security/protected_environment.py), which is why that code uses
 `Record`s, not dataclasses, and imports only torch, numpy, nnsight and typing (see
 `ndif_job`). Two more patterns do not survive the trip: a function wrapped by a decorator using
@@ -41,8 +43,8 @@ import nnsight
 from .local import RunResult
 from .ndif_job import run_condition as _run_condition, server_run as _server_run  # noqa: F401
 from .remote_checks import (  # noqa: F401  (re-exported: the remote backend's public names)
-    check_versions, find_deployment, load_remote_model, preflight, prepare_remote, require_key, served_key,
-    served_models, status_rows, status_table,
+    check_versions, find_deployment, load_remote_model, plugin_modules, preflight, prepare_remote, require_key,
+    served_key, served_models, status_rows, status_table,
 )
 from .remote_config import RemoteConfig, RemoteEnv  # noqa: F401  (re-exported)
 from .remote_faults import (  # noqa: F401  (re-exported)
@@ -137,7 +139,7 @@ def _remote_backend(model: Any, config: RemoteConfig) -> Any:
 def _submit(model: Any, server: Any, inputs: dict, names: list[str], plan: Any, config: RemoteConfig) -> Any:
     """One job: a session whose body runs every listed condition on the server. The body names
     only `_server_run`, `server`, `inputs`, `names`, `plan` (what is pickled); never the config."""
-    with shipped_by_value():
+    with shipped_by_value(_SHIPPED_PACKAGES + plugin_modules(plan)):
         if config.simulated:
             # nnsight's simulation runs the deserialized body here, on this model: load its weights
             # (a real server has them; the meta model would put the inputs on the meta device)

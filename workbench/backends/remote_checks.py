@@ -33,27 +33,42 @@ def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
 def prepare_remote(plans: list[Any], config: RemoteConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every check a remote run makes before its store is touched: the API key, the versions,
     each model served. Returns model id -> its `RemoteModel`."""
-    refuse_local_kinds(plans)
+    refuse_unshippable(plans)
     if config.simulated:
         return {}
     require_key(config)
     return {plan.info.model_id: load_remote_model(plan.info, config, log=log) for plan in plans}
 
 
-def refuse_local_kinds(plans: list[Any]) -> None:
-    """Intervention kinds whose code cannot travel (a plugin's: only the workbench's own modules
-    are shipped by value, `shipped_by_value`) are refused before any job."""
-    from ..extend import kind_of
+def refuse_unshippable(plans: list[Any]) -> None:
+    """Plugin code that cannot travel is refused before any job, naming its import: an
+    intervention kind a plan uses, or any site a plugin declared (the site registry travels
+    whole), whose module imports what NDIF's whitelist does not allow (`workbench.backends.shipping`)."""
+    from ..extend import kind_of, plugin_site_modules
+    from .shipping import ndif_problem
 
+    hint = "run this spec locally (without --remote), or import only what NDIF allows in the plugin"
     for plan in plans:
         for condition in plan.conditions:
             for item in condition.interventions:
                 kind = kind_of(item)
-                if kind is not None and not kind.remote:
-                    raise RemoteSetupError(
-                        f"condition {condition.name!r}: intervention kind {kind.name!r} comes from plugin module "
-                        f"{kind.module!r}, whose code is not shipped to NDIF; expected built-in kinds only "
-                        "in a remote run", hint="run this spec locally (without --remote)")
+                problem = kind.remote_problem() if kind is not None else None
+                if kind is not None and problem is not None:
+                    raise RemoteSetupError(f"condition {condition.name!r}: intervention kind {kind.name!r} comes from "
+                                           f"plugin module {kind.module!r}: {problem}", hint=hint)
+    for name, module in plugin_site_modules().items():
+        problem = ndif_problem(module)
+        if problem is not None:
+            raise RemoteSetupError(f"site {name!r} comes from plugin module {module!r}: {problem}", hint=hint)
+
+
+def plugin_modules(plan: Any) -> tuple[str, ...]:
+    """The plugin modules a job of `plan` ships by value: its kinds' and every plugin site's."""
+    from ..extend import kind_of, plugin_site_modules
+
+    kinds = [kind_of(item) for condition in plan.conditions for item in condition.interventions]
+    modules = [k.module for k in kinds if k is not None and not k.builtin] + list(plugin_site_modules().values())
+    return tuple(dict.fromkeys(modules))
 
 
 def require_key(config: RemoteConfig) -> str:

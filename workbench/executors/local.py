@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from .protocol import Outcome, SampleWork
 
 if TYPE_CHECKING:
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     from ..models.protocol import ClientModel
     from ..plan import ModelPlan

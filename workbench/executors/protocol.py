@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     from ..backends.local import RunResult
     from ..data import Sample

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from .protocol import LazyInputs, Outcome, SampleWork
 
 if TYPE_CHECKING:
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     from ..backends.local import RunResult
     from ..backends.remote_config import RemoteConfig

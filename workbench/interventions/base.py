@@ -62,10 +62,15 @@ class Intervention(Record):
     _fields = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
-        if site(self.site).index:  # layer, vision_layer
-            return [(order(self.site, l, 0), l) for l in self.layers or ()]
-        return [(order(self.site, None, 0), None)]
+    def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
+        # a site read at its stage's input is edited before (phase 0); one read inside its stage
+        # (a decoder layer's module) at that read's key: edits are listed before reads at one
+        # key (`backends.local._operations`), so the read sees the edit
+        entry = site(self.site)
+        phase = entry.phase if entry.phase > 1 else 0
+        if entry.index:  # layer, vision_layer
+            return [(order(self.site, l, phase), l) for l in self.layers or ()]
+        return [(order(self.site, None, phase), None)]
 
     def apply(self, model: ModelLike, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
         """Edit the site in place; `row` = (index, of): only that batch row's block (see

@@ -64,7 +64,7 @@ class AttentionCapture(Record):
 
     _fields = ("layers",)
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int]]:
         return [(read_order("attention", l), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:

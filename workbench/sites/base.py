@@ -61,9 +61,11 @@ class Site(Record):
       parameter, read once per run), `branch` (a module inside a decoder layer,
       `Architecture.branch_outputs`), `source` (an operation inside self-attention's forward,
       `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)
-    phase: where inside its stage (a decoder layer, for `decoder_layer` sites) a read happens:
-      0 edits, 1 reads at the input; inside a decoder layer `keys_pre` 2, `attention` 3,
-      `attn_out` 4, `mlp_out` 5, the layer's own output `LAYER_OUTPUT_PHASE`
+    phase: where inside its stage (a decoder layer, for `decoder_layer` sites) a read happens, a
+      number: 0 edits, 1 reads at the input; inside a decoder layer `keys_pre` 2, `attention` 3,
+      `attn_out` 4, `mlp_out` 5, the layer's own output `LAYER_OUTPUT_PHASE` (a site between two
+      takes a number between theirs, e.g. 4.5); an editable site read inside its stage is edited
+      at its own phase, just before it is read
     steps: `prefill`: read in the prompt forward only; `decode`: also at every decode step
     tensor: (model, layer) -> the live tensor of a `sequence`, `patches`, `branch` or `source` site
     capture: (CapturePlan, layers) -> None, or a problem: adds the site's reader to the plan
@@ -84,7 +86,8 @@ class Site(Record):
 
 
 PROJECTOR_PART_PREFIX = "projector."
-# every registered site, in registration order (`workbench.sites` imports the site modules)
+# every registered site in forward order: by (stage, phase), then as registered (the built-ins by
+# module name, as `workbench.sites` imports them, then a plugin's)
 SITES: dict[str, Site] = {}
 
 
@@ -95,7 +98,32 @@ def register_site(entry: Site) -> Site:
     if entry.name.startswith(PROJECTOR_PART_PREFIX) and entry.access != "modules":
         raise ValueError(f"{entry.name!r}: names under 'projector.' are connector modules (access 'modules')")
     SITES[entry.name] = entry
+    ordered = sorted(SITES.values(), key=lambda s: (s.stage, s.phase))  # stable: ties keep their order
+    SITES.clear()
+    SITES.update((s.name, s) for s in ordered)
     return entry
+
+
+# -- the lists the spec, the plan and the store derive from the registry, read when asked (a
+# plugin's site registers after this package is imported)
+
+
+def site_names() -> tuple[str, ...]:
+    return tuple(SITES)
+
+
+def capture_sites() -> tuple[str, ...]:
+    """The sites a capture can read (those that store a variable)."""
+    return tuple(n for n, s in SITES.items() if s.variable)
+
+
+def editable_sites() -> tuple[str, ...]:
+    return tuple(n for n, s in SITES.items() if s.editable)
+
+
+def variable_dims() -> dict[str, tuple[str, ...]]:
+    """Dims of every stored capture variable, e.g. variable_dims()["hidden"] == ("token", "layer", "dim")."""
+    return {v: tuple(dims) for s in SITES.values() for v, dims in s.stores.items()}
 
 
 # a connector part `projector.<part>`: an edit of that module's output, like `projector`
@@ -126,13 +154,13 @@ def is_projector_site(name: str) -> bool:
 LAYER_OUTPUT_PHASE = 6  # decoder layer l's own output (`layer.pre_deepstack` l + 1)
 
 
-def order(name: str, layer: int | None = None, phase: int = 0) -> tuple[int, int, int]:
+def order(name: str, layer: int | None = None, phase: float = 0) -> tuple[int, int, float]:
     """Execution-order key: stage, then layer, then phase (0 intervene before 1 capture; the
     decoder-layer sites read inside a layer take their `Site.phase`)."""
     return (site(name).stage, -1 if layer is None else layer, phase)
 
 
-def read_order(name: str, layer: int | None) -> tuple[int, int, int]:
+def read_order(name: str, layer: int | None) -> tuple[int, int, float]:
     """The key of a capture's read of `name` at `layer`: the site's own `read_key` where it
     has one (`layer.pre_deepstack`), else its stage, the layer and its `phase`."""
     entry = site(name)

@@ -26,7 +26,7 @@ class EmbeddingTableCapture(Record):
     prompt_only = True
     rows = "run"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], None]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], None]]:
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:

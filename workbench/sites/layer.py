@@ -16,7 +16,7 @@ class ResidualCapture(Record):
     _fields = ("layers", "variable")
     _defaults = {"variable": "hidden"}
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int]]:
         return [(order("layer", l, 1), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:

@@ -16,7 +16,7 @@ def tensor(model: ModelLike, layer: int) -> Any:
     return first_tensor(model.decoder_layers()[layer - 1].output)
 
 
-def read_key(layer: int) -> tuple[int, int, int]:
+def read_key(layer: int) -> tuple[int, int, float]:
     """l >= 1 is read at decoder layer l-1's output (after that layer's inside, before layer l's input)."""
     return order("layer.pre_deepstack", layer - 1, LAYER_OUTPUT_PHASE) if layer else order("layer.pre_deepstack", 0, 1)
 

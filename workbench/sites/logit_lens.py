@@ -31,7 +31,7 @@ class LogitLensCapture(Record):
     rows = "tokens"
     site = "logit_lens"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int]]:
         return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:

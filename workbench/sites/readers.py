@@ -44,7 +44,7 @@ class ModuleOutputCapture(Record):
     _fields = ("site",)
     rows = "tokens"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], None]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], None]]:
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
@@ -64,7 +64,7 @@ class LayerOutputCapture(Record):
     _fields = ("site", "layers")
     rows = "tokens"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int]]:
         return [(read_order(self.site, l), l) for l in self.layers]
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
@@ -88,7 +88,7 @@ class PatchCapture(Record):
     prompt_only = True
     rows = "patches"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
         if self.site == "vision_layer":
             return [(order(self.site, l, 1), l) for l in self.layers]
         return [(order(self.site, None, 1), None)]

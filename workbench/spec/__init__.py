@@ -25,14 +25,13 @@ The package, one concern a module (the flow of :func:`parse_spec`):
 Everything public is re-exported here: import it from ``workbench.spec``.
 """
 
+from typing import Any
+
 from .fields import (  # noqa: F401  (re-exported)
     ADD_DIRECTIONS,
-    CAPTURE_SITES,
     DATA_SOURCES,
     DATBENCH_CONFIGS,
-    EDITABLE_SITES,
     IMAGE_MODES,
-    KNOWN_SITES,
     KV_PART_SETS,
     KV_PARTS,
     NORMALIZE_TARGETS,
@@ -51,6 +50,9 @@ from .fields import (  # noqa: F401  (re-exported)
     PositiveInt,
     Site,
     SpecName,
+    capture_sites,
+    editable_sites,
+    known_sites,
     SweepValues,
     VarName,
 )
@@ -93,3 +95,12 @@ __all__ = [
     "load_spec",
     "parse_spec",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """KNOWN_SITES, CAPTURE_SITES, EDITABLE_SITES: the registry's sites when read (`fields`)."""
+    from . import fields
+
+    if name in ("KNOWN_SITES", "CAPTURE_SITES", "EDITABLE_SITES"):
+        return getattr(fields, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

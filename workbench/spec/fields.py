@@ -16,15 +16,53 @@ from .. import sites
 from ..models.architectures import ARCHITECTURES
 from ..models.refs import TINY_MODEL_NAMES, model_ref_problem  # one tiny model per registered family
 from ..names import reserved_name_problem
-from ..sites import SITE_NAMES, part_sites
+from ..sites import part_sites
 from .problems import SpecPath, _did_you_mean, _got, _quoted
 
 # --------------------------------------------------------------------------- constants
 
-# Sites come from the registry (workbench/sites.py); a connector part `projector.<part>` is a site
-# for the families that declare it (the plan refuses it on the others).
+# Sites come from the registry (workbench/sites/), read when a spec is validated: a site that a
+# plugin registers (the spec's `plugins`, an entry point) is known from then on. A connector part
+# `projector.<part>` is a site for the families that declare it (the plan refuses it on the others).
 PART_SITES = part_sites(ARCHITECTURES)
-KNOWN_SITES: tuple[str, ...] = SITE_NAMES + PART_SITES
+
+
+def _registered() -> None:
+    """The registry with the installed packages' entry points loaded (`workbench.extend`)."""
+    from ..extend import load_entry_points  # extend imports this module
+
+    load_entry_points()
+
+
+def known_sites() -> tuple[str, ...]:
+    """Every site a spec may name: the registered ones, in forward order, then the connector parts."""
+    _registered()
+    return sites.site_names() + tuple(p for p in PART_SITES if p not in sites.SITES)
+
+
+def capture_sites() -> tuple[str, ...]:
+    """The sites a capture can read, whatever the model (a model may lack some: workbench.plan
+    refuses those)."""
+    _registered()
+    return sites.capture_sites()
+
+
+def editable_sites() -> tuple[str, ...]:
+    """The sites an intervention can edit, whatever the model."""
+    _registered()
+    return sites.editable_sites() + tuple(p for p in PART_SITES if p not in sites.SITES)
+
+
+# KNOWN_SITES, CAPTURE_SITES and EDITABLE_SITES, read from the registry when asked (PEP 562)
+_DERIVED: dict[str, Callable[[], tuple[str, ...]]] = {
+    "KNOWN_SITES": known_sites, "CAPTURE_SITES": capture_sites, "EDITABLE_SITES": editable_sites}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DERIVED:
+        return _DERIVED[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 DATBENCH_CONFIGS = (
     "chart",
     "counting",
@@ -39,10 +77,6 @@ DATBENCH_CONFIGS = (
 DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all")
 IMAGE_MODES = ("real", "blank", "none")
-# Sites a capture can read / an intervention can edit, whatever the model (a model may lack some:
-# workbench.plan refuses those), from the registry.
-CAPTURE_SITES = sites.CAPTURE_SITES
-EDITABLE_SITES = sites.EDITABLE_SITES + PART_SITES
 NORMALIZE_TARGETS = ("text_embedding_mean",)
 ADD_DIRECTIONS = ("random",)
 RANDOM_NORMS = ("matched",)  # the norm of each token's own value at the site
@@ -332,7 +366,15 @@ PositionsOrVar = Annotated[Union[Literal["vision", "text", "boundary", "all"], l
 LayersOrVar = Annotated[Union[Literal["all"], list[Union[int, str]], str],
                         PlainValidator(_with_vars(_layers, "a layer index (an integer >= 0)")),
                         Swept("layers", _one_layer)]
-Site = Annotated[Literal[KNOWN_SITES], _one_of(KNOWN_SITES)]
+def _site(value: Any) -> str:
+    """A site name, checked against the registry as it is now (a plugin's sites included)."""
+    choices = known_sites()
+    if isinstance(value, str) and value in choices:
+        return value
+    _fail(f"{_got(value)}{_did_you_mean(value, choices)}; expected one of {_quoted(choices)}")
+
+
+Site = Annotated[str, PlainValidator(_site)]
 SpecName = Annotated[str, _name_of("spec name")]
 ConditionName = Annotated[str, _name_of("condition name")]
 VarName = Annotated[str, PlainValidator(_var_name)]

@@ -21,10 +21,8 @@ from pydantic import (
 from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
 from ..sites import site as site_entry
 from .fields import (
-    CAPTURE_SITES,
     DATA_SOURCES,
     DATBENCH_CONFIGS,
-    EDITABLE_SITES,
     IMAGE_MODES,
     ConditionName,
     Layers,
@@ -44,6 +42,8 @@ from .fields import (
     _kv_parts,
     _one_of,
     _unique_models,
+    capture_sites,
+    editable_sites,
 )
 from .kinds import InterventionEntry
 from .kinds import SpecModel as _Model
@@ -355,16 +355,17 @@ def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[
 def _site_role_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
     """Sites that exist but cannot play the role asked (e.g. `capture: {site: vision}`): refused
     here, so `validate` refuses what `run` would, without loading any model."""
-    problems = []
+    problems: list[tuple[SpecPath, str]] = []
+    captured, editable = capture_sites(), editable_sites()
     for i, item in enumerate(spec.capture):
-        if item.site not in CAPTURE_SITES:
+        if item.site not in captured:
             problems.append((("capture", i, "site"), f"site {item.site!r} cannot be captured; expected one of "
-                             f"{', '.join(CAPTURE_SITES)} (the projector output is 'hidden' at layer 0 on vision rows)"))
+                             f"{', '.join(captured)} (the projector output is 'hidden' at layer 0 on vision rows)"))
     for name, cond in spec.conditions.items():
         for j, iv in enumerate(cond.interventions):
-            if iv.site not in EDITABLE_SITES:
+            if iv.site not in editable:
                 problems.append((("conditions", name, "interventions", j, "site"),
-                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(EDITABLE_SITES)}"))
+                                 f"site {iv.site!r} cannot be edited by '{iv.kind}'; expected one of {', '.join(editable)}"))
     return problems
 
 
@@ -375,7 +376,7 @@ def _capture_dim_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
     problems: list[tuple[SpecPath, str]] = []
     along: dict[str, tuple[int, list[int]]] = {}
     for i, item in enumerate(spec.capture):
-        entry = site_entry(item.site) if item.site in CAPTURE_SITES else None
+        entry = site_entry(item.site) if item.site in capture_sites() else None
         if entry is None or item.layers == "all" or not any(entry.index in d for d in entry.stores.values()):
             continue
         first, layers = along.setdefault(entry.index, (i, list(item.layers)))
@@ -386,16 +387,21 @@ def _capture_dim_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
 
 
 def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
-    """A remote backend runs only kinds whose code travels to NDIF (the workbench's own);
-    `workbench.backends.remote` refuses the same for `--remote`."""
+    """A remote backend runs only kinds whose code travels to NDIF (the workbench's own, and a
+    plugin's that imports only what NDIF allows); `workbench.backends.remote_checks` refuses the
+    same for `--remote`."""
     if spec.backend.kind != "remote":
         return []
     kinds = intervention_kinds()
-    return [(("conditions", name, "interventions", j, "kind"),
-             f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}, whose code is not shipped to "
-             "NDIF; expected built-in kinds only with backend kind 'remote' (or run locally)")
-            for name, cond in spec.conditions.items() for j, iv in enumerate(cond.interventions)
-            if not kinds[iv.kind].remote]
+    problems: list[tuple[SpecPath, str]] = []
+    for name, cond in spec.conditions.items():
+        for j, iv in enumerate(cond.interventions):
+            problem = kinds[iv.kind].remote_problem()
+            if problem is not None:
+                problems.append((("conditions", name, "interventions", j, "kind"),
+                                 f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}: {problem}; "
+                                 "expected a plugin importing only those with backend kind 'remote' (or run locally)"))
+    return problems
 
 
 def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:

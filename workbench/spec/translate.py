@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ValidationError
 
-from .fields import _SPEC_ERROR, _VAR_EXPECTED, KNOWN_SITES, TINY_MODEL_NAMES
+from .fields import _SPEC_ERROR, _VAR_EXPECTED, TINY_MODEL_NAMES, known_sites
 from .problems import Problem, SpecPath, _did_you_mean, _got, _quoted
 from .schema import Spec
 from .yaml_lines import _line_of
@@ -22,7 +22,6 @@ _FIELD_HINTS = {
     "capture": "a non-empty list of capture sites, e.g. [{site: layer}]",
     "store": "a mapping like {path: stores/demo.zarr}",
     "path": "a path",
-    "site": f"one of {_quoted(KNOWN_SITES)}",
     "factor": _VAR_EXPECTED,
     "from": "the name of another condition",
     "donor": "the name of a condition",
@@ -57,7 +56,8 @@ def _messages(err: dict, loc: SpecPath, root: type[BaseModel] = Spec) -> list[tu
         return list(ctx["problems"])
     if kind == "missing":
         name = loc[-1] if loc else "?"
-        return [((), f"missing required field '{name}'; expected {_FIELD_HINTS.get(name, 'a value')}")]
+        hint = f"one of {_quoted(known_sites())}" if name == "site" else _FIELD_HINTS.get(name, "a value")
+        return [((), f"missing required field '{name}'; expected {hint}")]
     if kind == "extra_forbidden":
         allowed = _allowed_fields(loc[:-1], root)
         hint = _did_you_mean(loc[-1], allowed)

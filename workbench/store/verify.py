@@ -113,17 +113,26 @@ def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
     root = _root_of(repo, session, store)
     damage: list[Damage] = []
     groups = _condition_groups(root)
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     if only is not None:
         touched = {tuple(p.split("/")[:2]) for p in only}
         groups = [(k, c, g) for k, c, g in groups if (k, c) in touched]
-    for key, condition, group in tqdm(groups, disable=not progress, unit="condition", desc="verify"):
-        ends, samples = _row_samples(group)
-        for name, array in sorted(group.arrays()):
-            blocks = None if only is None else only.get(f"{key}/{condition}/{name}")
-            if only is None or blocks:
-                damage += _verify_array(key, condition, name, array, ends, samples, blocks)
+    with progress_bar(len(groups), desc="verify", unit="condition", enabled=progress) as bar:
+        for key, condition, group in groups:
+            damage += _verify_group(key, condition, group, only)
+            bar.update(1)
+    return damage
+
+
+def _verify_group(key: str, condition: str, group: Any, only: dict[str, set[int]] | None) -> list[Damage]:
+    """Every array of one condition's group (`only`: just these row chunks of these arrays)."""
+    damage: list[Damage] = []
+    ends, samples = _row_samples(group)
+    for name, array in sorted(group.arrays()):
+        blocks = None if only is None else only.get(f"{key}/{condition}/{name}")
+        if only is None or blocks:
+            damage += _verify_array(key, condition, name, array, ends, samples, blocks)
     return damage
 
 
