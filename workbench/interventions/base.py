@@ -21,6 +21,8 @@ Sites and what "the site's value" is:
 - `embed`: the token-embedding output (before image features are scattered in).
 - `layer`: the residual stream at each listed layer index (`workbench.sites` convention), edited
   where it enters decoder layer l (or the final norm for l = L).
+- `attn_out`, `mlp_out`: what decoder layer l's attention / MLP branch adds to the residual
+  stream, edited in the branch module's output (before the add).
 
 Shipped to NDIF servers: imports only torch, typing and workbench modules that do the same.
 """
@@ -62,10 +64,17 @@ class Intervention(Record):
     _fields = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 
+    # whether `bind` reads the condition's own values too (add's direction_from does; patch not)
+    reads_own = True
+
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
-        if site(self.site).index:  # layer, vision_layer
-            return [(order(self.site, l, 0), l) for l in self.layers or ()]
-        return [(order(self.site, None, 0), None)]
+        entry = site(self.site)
+        # a branch output exists once its module has run: edited at its phase inside the layer
+        # (before a capture of it there: the backend keeps edits first at one key)
+        phase = entry.phase if entry.access == "branch" else 0
+        if entry.index:  # layer, vision_layer, attn_out, mlp_out
+            return [(order(self.site, l, phase), l) for l in self.layers or ()]
+        return [(order(self.site, None, phase), None)]
 
     def apply(self, model: ModelLike, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
         """Edit the site in place; `row` = (index, of): only that batch row's block (see
