@@ -46,6 +46,8 @@ class Options:
     swaps: tuple[str, ...] = ()     # more KV-swap conditions reported beside `hybrid` (e.g. a parts sweep's)
     sweep: str = "alpha"            # the swept variable of the α tables
     step: int = 0                   # decode step of the KLs and ranks
+    metric: str = "kl"              # the patching scans' metric: kl, logit_diff or answer_logprob (analyses.patching)
+    tokens: tuple[int, int] | None = None  # the two token ids of the logit difference
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
     force: bool = False             # recompute cached analyses
