@@ -150,6 +150,12 @@ def normalized_effect(run: np.ndarray, base: np.ndarray, donor: np.ndarray, n_re
     return out
 
 
+def _summary(values: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(rows, samples) -> (rows, 3): the mean over samples and its bootstrap CI."""
+    out = summarize(xr.DataArray(values, dims=("row", "sample")), n_resamples=n_resamples, seed=seed)
+    return np.asarray(out.values)
+
+
 def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int] | None = None,
                      n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
     """Every scan of a model: `effect` (normalized, with its CI) and the raw `metric` (mean over
@@ -170,7 +176,6 @@ def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int]
     ends = np.full((2, len(scans), len(directions), len(STATS)), np.nan)
     roles = np.full((2, len(scans), len(directions)), "", dtype=object)
     sites = np.full(len(scans), "", dtype=object)
-    boot = {"n_resamples": n_resamples, "seed": seed}
     values_by_base: dict[str, xr.DataArray] = {}
     for (s, scan), (d, direction) in ((a, b) for a in enumerate(scans) for b in enumerate(directions)):
         cells = [r for r in runs if r.scan == scan and r.direction == direction]
@@ -187,12 +192,12 @@ def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int]
         base_v, donor_v = values.sel(condition=base).values, values.sel(condition=donor).values
         grid = np.stack([values.sel(condition=r.condition).values for r in cells])
         where = [(layers.index(r.layer), positions.index(r.position)) for r in cells]
-        found = normalized_effect(grid, base_v, donor_v, **boot)
-        means = summarize(xr.DataArray(grid, dims=("cell", "sample")), **boot).values
+        found = normalized_effect(grid, base_v, donor_v, n_resamples=n_resamples, seed=seed)
+        means = _summary(grid, n_resamples, seed)
         held_all = np.isfinite(grid) & np.isfinite(base_v) & np.isfinite(donor_v)
         for (li, pi), e, m, n in zip(where, found, means, held_all.sum(1)):
             effect[s, d, li, pi], raw[s, d, li, pi], counts[s, d, li, pi] = e, m, n
-        ends[:, s, d] = summarize(xr.DataArray(np.stack([base_v, donor_v]), dims=("end", "sample")), **boot).values
+        ends[:, s, d] = _summary(np.stack([base_v, donor_v]), n_resamples, seed)
     dims = ("scan", "direction", "layer", "position", "stat")
     coords = {"scan": scans, "direction": directions, "layer": layers, "position": positions, "stat": list(STATS),
               "site": ("scan", sites.astype(str)), "base": (("scan", "direction"), roles[0].astype(str)),

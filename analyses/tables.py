@@ -199,6 +199,25 @@ def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
     return data.assign_coords(extra)
 
 
+def _shared_coords(datasets: list[xr.Dataset]) -> list[xr.Dataset]:
+    """Each model's data with every non-index coordinate another model's has (a sweep variable
+    one model ran and another did not: NaN, or "" for words), so they concatenate."""
+    held: dict[str, xr.DataArray] = {}
+    for data in datasets:
+        held.update({str(c): data[c] for c in data.coords if c not in data.indexes and c not in held})
+    out = []
+    for data in datasets:
+        extra = {}
+        for name, coord in held.items():
+            if name in data.coords or any(d not in data.dims for d in coord.dims):
+                continue
+            fill = "" if coord.dtype.kind in "UOT" else np.nan
+            shape = tuple(data.sizes[d] for d in coord.dims)
+            extra[name] = (coord.dims, np.full(shape, fill, dtype=object if fill == "" else float))
+        out.append(data.assign_coords(extra) if extra else data)
+    return out
+
+
 EXCLUDED_COLUMN = "samples excluded (non-finite)"
 
 
@@ -264,8 +283,8 @@ class Builder:
         else:
             table.notes += [f"{model}: {line}" for model, line in in_force.items()]
         if self.data:
-            table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
-                                   combine_attrs="drop_conflicts")
+            table.data = xr.concat(_shared_coords(self.data), dim="model", join="outer", coords="minimal",
+                                   compat="override", combine_attrs="drop_conflicts")
         return table
 
     def count(self, model: str, *estimates: xr.DataArray) -> None:
