@@ -6,7 +6,8 @@ the wall time beside it; see `benchmarks.common.Paired` for why CPU time):
 
 - `workbench, batch B`: the scan's runs through `backends.local.run_rows` in forwards of up to B
   rows (`group_rows`), the donor read once per sample (`want_sources`): forwards issued are counted
-  by the backend's `on_trace` hook, once per nnsight trace;
+  by the backend's `on_trace` hook, once per nnsight trace; `donor read per run`: batch 1 with the
+  donor read again for every run (no values kept across forwards);
 - `plain loop`: the same patches with plain PyTorch hooks on the transformers model: one forward
   of the donor keeping every layer's residual stream, then one hooked forward per cell.
 
@@ -51,8 +52,9 @@ backend: {{batch_size: {batch}}}
     return compile_plan(parse_spec(text), model.info)
 
 
-def workbench_scan(model: Any, inputs: Any, batch: int) -> tuple[dict[str, np.ndarray], int, int]:
-    """{run: next-token log-probs}, forwards issued, runs."""
+def workbench_scan(model: Any, inputs: Any, batch: int, shared: bool = True) -> tuple[dict[str, np.ndarray], int, int]:
+    """{run: next-token log-probs}, forwards issued, runs. shared=False: each forward reads its
+    donor again (a memo per `run_rows` call, as on a path that keeps none across forwards)."""
     from workbench.backends.local import group_rows, run_rows, want_sources
 
     plan = _scan_plan(model, batch)
@@ -61,7 +63,7 @@ def workbench_scan(model: Any, inputs: Any, batch: int) -> tuple[dict[str, np.nd
     memo = want_sources(jobs, {})
     out = {}
     for group in group_rows(jobs, batch, model.arch.per_token_keys):
-        results = run_rows(model, [jobs[i] for i in group], plan, on_trace=traces.append, memo=memo)
+        results = run_rows(model, [jobs[i] for i in group], plan, on_trace=traces.append, memo=memo if shared else None)
         out.update({jobs[i][1].name: r.run["logprobs"][0, 0] for i, r in zip(group, results)})
     return out, len(traces), len(jobs)
 
@@ -130,6 +132,7 @@ def run(model_id: str = "tiny-qwen3vl", repeats: int = 3, batches: tuple[int, ..
     reference = plain_loop(model, inputs)
     rows: dict[str, dict[str, Any]] = {}
     modes = [(f"workbench, batch {b}", lambda b=b: workbench_scan(model, inputs, b)) for b in batches]
+    modes.insert(0, ("workbench, batch 1, donor read per run", lambda: workbench_scan(model, inputs, 1, shared=False)))
     modes.append(("plain loop", lambda: (plain_loop(model, inputs), None, None)))
     for _ in range(repeats):
         for name, fn in modes:
