@@ -363,7 +363,8 @@ def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[
     if target not in conditions:
         return f"unknown condition '{target}'{_did_you_mean(target, conditions)}; expected {expected}"
     if conditions[target].runs_many:
-        return f"condition '{target}' has a sweep or scan, so it names several runs; expected {expected}"
+        what = "a sweep" if conditions[target].sweep else "a scan"
+        return f"condition '{target}' has {what}, so it names several runs; expected {expected}"
     return None
 
 
