@@ -43,6 +43,13 @@ class _RegisteredNames(str):
         return f"tables to print (default: all): {', '.join(registry.names())}"
 
 
+def _token_pair(value: str) -> tuple[int, int]:
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"got {value!r}; expected two token ids, e.g. 101,205")
+    return int(parts[0]), int(parts[1])
+
+
 def _plugin_modules(value: str) -> list[str]:
     return [m.strip() for m in value.split(",") if m.strip()]
 
@@ -69,6 +76,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-base", type=int, choices=RANK_BASES,
                         help="rank of a top token that stays on top (default: the store's definition, else 0)")
     parser.add_argument("--step", type=int, default=0, help="decode step of KLs and ranks (default: 0)")
+    parser.add_argument("--metric", choices=("kl", "logit_diff", "answer_logprob"), default="kl",
+                        help="the patching scans' metric: KL to the base run, the logit difference of --tokens, or "
+                             "the answer's log-prob (default: kl)")
+    parser.add_argument("--tokens", type=_token_pair, metavar="A,B",
+                        help="two token ids: the patching metric logit_diff is ln p(A) - ln p(B)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
@@ -115,6 +127,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     from .streaming import layout
     from .tables import open_models
 
+    if getattr(args, "metric", "kl") == "logit_diff" and getattr(args, "tokens", None) is None:
+        raise BadInputError("--tokens: --metric logit_diff needs two token ids; expected e.g. --tokens 101,205")
     stored = open_models(args.store)  # raises StoreError if there is no store
     if args.models:
         for i, model in enumerate(args.models):
@@ -162,7 +176,7 @@ def _options(args: argparse.Namespace):
     from .tables import Options
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
-                   self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, n_resamples=args.resamples, seed=args.seed,
+                   self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, metric=args.metric, tokens=args.tokens, n_resamples=args.resamples, seed=args.seed,
                    force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 

@@ -38,7 +38,10 @@ dims and token labels), but every tensor is built from closed-form parameters:
   odd ones `color` items (answer `red`, mode `exact`, a right response `"Red."`); the response
   is right under the baseline and α = 1 always, under α = 3 for even samples, under α = 0.1
   never, under any other condition for samples with i % 3 == 0; a wrong one is `"no idea"`; the
-  answer's tokens (`run_answer_ids`) are the one token `answer_token(i, vocab)`.
+  answer's tokens (`run_answer_ids`) are the one token `answer_token(i, vocab)`;
+- with `scan_layers`, a denoising patching scan `trace[l=..,pos=..]` (blank <- baseline): each run
+  the blank run with logprobs moved w = `scan_weight(l, pos)` of the way to the baseline's, so
+  its normalized effect on a logit difference is exactly w (`scan_runs`).
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -47,6 +50,7 @@ approximately; independent computations in the tests still apply).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -209,9 +213,11 @@ def write_synthetic_store(
     seed: int = 0,
     first_sample: int = 0,
     geometry: bool = True,
+    scan_layers: tuple[int, ...] = (),
 ) -> SyntheticStore:
     """Write (or extend, with `first_sample`) a synthetic store; see the module docstring.
-    geometry=False: no patch geometry, as a store written before it was stored."""
+    geometry=False: no patch geometry, as a store written before it was stored.
+    scan_layers: also a patching scan `trace` at these layers (`scan_runs`)."""
     path = Path(path)
     samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
@@ -219,6 +225,7 @@ def write_synthetic_store(
         for k, m in enumerate(models):
             writer.ensure_model(m.model_id, {"family": "synthetic", "n_layers": m.n_layers, "hidden_size": m.dim,
                                              "kv_heads": 2})  # keys/values: kv = 2 heads x kv/2
+            written: dict[str, dict[str, Variable]] = {}
             for i_sample, sample in zip(range(first_sample, first_sample + n_samples), samples):
                 rng = np.random.default_rng([seed, k, i_sample])
                 base = _sample_tensors(m, rng, i_sample)
@@ -238,6 +245,10 @@ def write_synthetic_store(
                     attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
+                    written[condition] = tensors
+                for condition, tensors, attrs in scan_runs(m, written, scan_layers):
+                    writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
+                written.clear()
     return SyntheticStore(path, tuple(models), samples, tuple(alphas), conditions)
 
 
@@ -253,6 +264,40 @@ def answer_is_right(i: int, condition: str) -> bool:
 def answer_token(i: int, vocab: int) -> int:
     """The token id sample i's answer is stored as (`run_answer_ids`: one token)."""
     return (7 * i + 3) % vocab
+
+
+SCAN_POSITIONS = ("vision", "text", "last")
+
+
+def scan_weight(layer: int, position: str, n_layers: int) -> float:
+    """How far the scan's run at (layer, position) moves the blank run's logits toward the
+    baseline's: vision carries the image early, text late, the last token in between."""
+    x = layer / n_layers
+    return {"vision": 1 - x, "text": x, "last": 0.5 * x * x}[position]
+
+
+def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers: tuple[int, ...]
+              ) -> list[tuple[str, dict[str, Variable], dict[str, Any]]]:
+    """A denoising scan `trace` (blank <- baseline at `layer`): each run is the blank run with its
+    logprobs the log-softmax of (1 - w) ln p_blank + w ln p_baseline, w = `scan_weight`. So the
+    logit difference of any two tokens moves from the blank's by exactly w of the way to the
+    baseline's: its normalized effect is w."""
+    if not layers or "blank" not in written or "baseline" not in written or "logprobs" not in written["blank"]:
+        return []
+    blank = written["blank"]["logprobs"].data.astype(np.float64)
+    clean = written["baseline"]["logprobs"].data.astype(np.float64)
+    runs = []
+    for layer in layers:
+        for position in SCAN_POSITIONS:
+            w = scan_weight(layer, position, m.n_layers)
+            logprobs = _log_softmax((1 - w) * blank + w * clean)
+            tensors = {**written["blank"], "logprobs": Variable(("run", "step", "vocab"), logprobs.astype(np.float32))}
+            if "generated" in tensors:
+                tensors["generated"] = Variable(("run", "step"), logprobs.argmax(-1).astype(np.int64))
+            sweep = {"l": layer, "pos": position, "dir": "denoising", "scan_base": "blank", "scan_donor": "baseline",
+                     "scan_site": "layer"}
+            runs.append((f"trace[l={layer},pos={position}]", tensors, {"sweep": sweep, "image": "blank"}))
+    return runs
 
 
 def _answer_labels(i: int, condition: str, vocab: int) -> dict[str, Variable]:

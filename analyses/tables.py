@@ -47,6 +47,8 @@ class Options:
     swaps: tuple[str, ...] = ()     # more KV-swap conditions reported beside `hybrid` (e.g. a parts sweep's)
     sweep: str = "alpha"            # the swept variable of the α tables
     step: int = 0                   # decode step of the KLs and ranks
+    metric: str = "kl"              # the patching scans' metric: kl, logit_diff or answer_logprob (analyses.patching)
+    tokens: tuple[int, int] | None = None  # the two token ids of the logit difference
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
     force: bool = False             # recompute cached analyses
@@ -199,6 +201,25 @@ def _with_model(data: xr.Dataset, model: str) -> xr.Dataset:
     return data.assign_coords(extra)
 
 
+def _shared_coords(datasets: list[xr.Dataset]) -> list[xr.Dataset]:
+    """Each model's data with every non-index coordinate another model's has (a sweep variable
+    one model ran and another did not: NaN, or "" for words), so they concatenate."""
+    held: dict[str, xr.DataArray] = {}
+    for data in datasets:
+        held.update({str(c): data[c] for c in data.coords if c not in data.indexes and c not in held})
+    out = []
+    for data in datasets:
+        extra = {}
+        for name, coord in held.items():
+            if name in data.coords or any(d not in data.dims for d in coord.dims):
+                continue
+            fill = "" if coord.dtype.kind in "UOT" else np.nan
+            shape = tuple(data.sizes[d] for d in coord.dims)
+            extra[name] = (coord.dims, np.full(shape, fill, dtype=object if fill == "" else float))
+        out.append(data.assign_coords(extra) if extra else data)
+    return out
+
+
 EXCLUDED_COLUMN = "samples excluded (non-finite)"
 
 
@@ -264,8 +285,8 @@ class Builder:
         else:
             table.notes += [f"{model}: {line}" for model, line in in_force.items()]
         if self.data:
-            table.data = xr.concat(self.data, dim="model", join="outer", coords="minimal", compat="override",
-                                   combine_attrs="drop_conflicts")
+            table.data = xr.concat(_shared_coords(self.data), dim="model", join="outer", coords="minimal",
+                                   compat="override", combine_attrs="drop_conflicts")
         return table
 
     def count(self, model: str, *estimates: xr.DataArray) -> None:

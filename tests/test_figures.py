@@ -39,7 +39,8 @@ def small_store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sweep_store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("figures")
-    return write_synthetic_store(root / "sweep.zarr", models=(*DEFAULT_MODELS, WIDE), n_samples=3, alphas=ALPHAS).path
+    return write_synthetic_store(root / "sweep.zarr", models=(*DEFAULT_MODELS, WIDE), n_samples=3, alphas=ALPHAS,
+                                 scan_layers=(0, 1, 2)).path
 
 
 @pytest.fixture(scope="module")

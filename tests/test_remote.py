@@ -235,6 +235,32 @@ def test_batched_remote_jobs_equal_batched_local_runs(server, tmp_path):
     assert_same_results(load(local, name), load(remote, name))
 
 
+def test_a_patching_scan_runs_remotely_into_the_same_store_in_one_job_per_sample(server, tmp_path):
+    """A scan's runs (residual stream and attn_out, both directions) travel like any condition: one
+    NDIF job per sample, batched within it, each donor read once there; the store equals a local run's."""
+    name = "tiny-qwen3vl"
+    spec = f"""\
+name: remote-scan
+models: [{name}]
+data: {{source: builtin, n: 2}}
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  trace: {{scan: {{clean: baseline, corrupt: blank, layers: [0, 2], positions: [vision, last], direction: both}}}}
+  attn: {{scan: {{clean: baseline, corrupt: blank, site: attn_out, layers: [1], positions: [text]}}}}
+capture: [{{site: logits}}]
+store: {{path: STORE}}
+backend: {{batch_size: 8}}
+"""
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    run(spec.replace("STORE", str(local)), remote=False)
+    before = len(server.requests_seen)
+    summary = run(spec.replace("STORE", str(remote)), remote=config(server))
+    assert summary.written == summary.total == 2 * (2 + 8 + 1)
+    assert len(server.requests_seen) - before == 2
+    assert_same_results(load(local, name), load(remote, name))
+
+
 def test_nnsight_local_simulation_runs_every_intervention_kind(tmp_path, local_store):
     """remote="local": nnsight's own serialize -> deserialize (user modules hidden) path."""
     name = "tiny-qwen3vl"

@@ -357,7 +357,7 @@ NEW_FIELD_ERRORS = {
                                   "conditions.c[p=1.0].kv_swap.parts", "got 1.0 (float); expected a list of 'keys', 'values'"),
     "unknown part set": ("    sweep: {p: [keys, value]}\n    kv_swap: {donor: blank, parts: $p}", "conditions.c.sweep.p[1]",
                          "got 'value' (str) (did you mean 'values'?); expected a number or one of 'vision', 'text', "
-                         "'boundary', 'all', 'keys', 'values', 'keys+values'"),
+                         "'boundary', 'all', 'last', 'keys', 'values', 'keys+values'"),
     "fractional layer sweep": ("    sweep: {l: [0.5]}\n    kv_swap: {donor: blank, layers: [$l]}", "conditions.c[l=0.5].kv_swap.layers[0]",
                                "got 0.5 (float); expected a layer index (an integer >= 0)"),
     "undefined layer var": ("    kv_swap: {donor: blank, layers: [$l]}", "conditions.c.kv_swap.layers[0]", "'$l' is not defined"),

@@ -108,7 +108,7 @@ def test_each_run_is_validated_as_a_hand_written_condition_and_named():
         == ["conditions.z.sweep.p[0]: got 'vision' (str); expected a number (a sweep's values are all numbers or all words)"]
     assert problems_of(spec_text("  z: {sweep: {p: [vision, bogus]}, interventions: [{kind: zero, site: embed, positions: $p}]}\n")) \
         == ["conditions.z.sweep.p[1]: got 'bogus' (str); expected a number or one of 'vision', 'text', 'boundary', 'all', "
-            "'keys', 'values', 'keys+values'"]
+            "'last', 'keys', 'values', 'keys+values'"]
     assert problems_of(spec_text("  s: {sweep: {p: [text]}, interventions: [{kind: scale, site: embed, factor: $p}]}\n")) \
         == ["conditions.s[p=text].interventions[0].factor: got 'text' (str); expected a number or a '$variable' from "
             "this condition's sweep"]

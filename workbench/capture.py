@@ -50,7 +50,7 @@ import torch
 
 from .models.protocol import ModelLike
 from .records import Record
-from .sites import order, position_index, site, site_tensor, batch_rows, to_device
+from .sites import order, position_index, read_order, site, site_tensor, batch_rows, to_device
 # every site's reader, where its site declares it (re-exported: the plan's readers in one place)
 from .sites.attention import AttentionCapture, attention_probabilities  # noqa: F401
 from .sites.embed_table import EmbeddingTableCapture  # noqa: F401
@@ -61,15 +61,15 @@ from .sites.readers import (CachedKVCapture, LayerOutputCapture, ModuleOutputCap
 
 
 class SiteValues(Record):
-    """A sequence site's value (`embed` or residual `layer`) at the selected positions, read to
-    feed another condition's `patch` or `add` (direction_from)."""
+    """A sequence site's value (`embed`, residual `layer`, `attn_out`, `mlp_out`) at the selected
+    positions, read to feed another condition's `patch` or `add` (direction_from)."""
 
     _fields = ("site", "layers", "positions")
 
     def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
-        if self.site == "layer":
-            return [(order("layer", l, 1), l) for l in self.layers or ()]
-        return [(order(self.site, None, 1), None)]
+        if site(self.site).index:  # layer; attn_out, mlp_out at their phase in the layer
+            return [(read_order(self.site, l), l) for l in self.layers or ()]
+        return [(read_order(self.site, None), None)]
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         tensor = batch_rows(site_tensor(model, self.site, layer), row)

@@ -19,9 +19,10 @@ from .spec.sweeps import unbracketed
 
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
-ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower"}
+ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower",
+                "branch": "a decoder layer's branch outputs"}
 # the sites a `source` condition's values are read at (`workbench.capture.SiteValues`)
-SOURCE_SITES = ("embed", "layer")
+SOURCE_SITES = ("embed", "layer", "attn_out", "mlp_out")
 
 
 def build_intervention(kind: InterventionKind, raw: Any, layers: tuple[int, ...] | None) -> Intervention:
@@ -270,7 +271,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
 def _images(spec: Any) -> dict[str, str]:
     """Image mode of each condition without a sweep: the only ones a kv_swap donor or an
     intervention source may name (`workbench.spec.schema._reference_problems`)."""
-    return {name: cond.image for name, cond in spec.conditions.items() if not cond.sweep}
+    return {name: cond.image for name, cond in spec.conditions.items() if not cond.runs_many}
 
 
 def _compile_condition(instance: Any, info: Any, capture: CapturePlan, images: dict[str, str],
@@ -370,9 +371,24 @@ def explicit_positions(spec: Any) -> bool:
     """Whether any condition names token positions by index (then sequence lengths matter)."""
     for instance in spec.expand_conditions():
         swap = [instance.kv_swap.positions] if instance.kv_swap else []
-        if any(not isinstance(p, str) for p in [getattr(i, "positions", "all") for i in instance.interventions] + swap):
+        if any(_explicit(p) for p in [getattr(i, "positions", "all") for i in instance.interventions] + swap):
             return True
     return False
+
+
+def _explicit(positions: Any) -> bool:
+    """Whether `positions` names tokens by index (a list, `last-k`, `i+j`): lengths matter."""
+    return not isinstance(positions, str) or positions.startswith("last-") or positions[:1].isdigit()
+
+
+def _reach(positions: Any) -> int | None:
+    """How many tokens a prompt needs beyond `positions`' largest index, less one (None: a group
+    every prompt has): `last-k` needs k + 1 tokens, a list its largest index + 1."""
+    if isinstance(positions, str):
+        if positions.startswith("last-"):
+            return int(positions[len("last-"):])
+        return max(int(p) for p in positions.split("+")) if positions[:1].isdigit() else None
+    return max(positions) if positions else None
 
 
 def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
@@ -388,8 +404,10 @@ def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int
         if instance.kv_swap is not None:  # the swap edits the cache of all but the last token
             entries.append((base + ("kv_swap", "positions"), instance.kv_swap.positions, n - 1))
         for path, positions, limit in entries:
-            if not isinstance(positions, str) and positions and max(positions) >= limit:
-                check.add(path, f"{info.model_id}: position {max(positions)} is out of range for sample {sample!r} "
+            reach = _reach(positions)
+            if reach is not None and reach >= limit:
+                shown = positions if isinstance(positions, str) else max(positions)
+                check.add(path, f"{info.model_id}: position {shown} is out of range for sample {sample!r} "
                           f"({limit} positions); expected positions < {limit}")
     problems = check.problems(space.runs_of)
     if problems:

@@ -166,7 +166,7 @@ BAD_SPECS = {
         mutate("positions: vision}", "positions: image}"),
         "conditions.alpha.interventions[0].positions",
         15,
-        "got 'image' (str); expected one of 'vision', 'text', 'boundary', 'all' or a list of token positions",
+        "got 'image' (str); expected one of 'vision', 'text', 'boundary', 'all', 'last', 'last-k'",
     ),
     "negative position": (
         mutate("positions: [0, 1, 2]", "positions: [0, -1, 2]"),

@@ -123,3 +123,75 @@ def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
     patches = lambda t: t[:, arch.tower_prefix_rows:] if arch.tower_prefix_rows else t
     return (np.stack([flat(patches(t)) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1),
             flat(vision[-1]), residual)
+
+
+# -- activation patching with plain hooks (the `patch` kind's and the scans' oracle) ----------------
+
+
+def site_module(model, site, layer):
+    """The torch module whose output is `attn_out` / `mlp_out` of decoder layer `layer`, or whose
+    input is the residual stream `layer` (the decoder layer, or the final norm at l = L)."""
+    hf, arch = model.hf, model.arch
+    decoder = list(modules(hf, arch.decoder_layers)[0])
+    if site == "layer":
+        return decoder[layer] if layer < len(decoder) else modules(hf, arch.final_norm)[0]
+    found = decoder[layer]
+    for part in arch.branch_outputs[site].split("."):
+        found = getattr(found, part)
+    return found
+
+
+def patched_logprobs(model, encoding, site=None, layer=0, index=None, donor_encoding=None):
+    """Next-token log-probabilities of the prompt `encoding`, with the value of `site` at `layer`
+    and token positions `index` replaced by the prompt `donor_encoding`'s (site None: unpatched).
+    Plain forward (pre-)hooks on the transformers modules; the donor runs first."""
+    hf = model.hf
+
+    def run(hook=None, pre=None):
+        handle = None
+        if site is not None:
+            target = site_module(model, site, layer)
+            handle = (target.register_forward_pre_hook(pre, with_kwargs=True) if site == "layer"
+                      else target.register_forward_hook(hook))
+        try:
+            model.prepare()
+            with torch.inference_mode():
+                return hf(**(encoding if hook is not None or pre is not None or site is None else donor_encoding))
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    if site is None:
+        return torch.log_softmax(run().logits[0, -1].float(), -1).numpy()
+    held = {}
+    index = torch.as_tensor(np.asarray(index, dtype=np.int64))
+
+    def read(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        held["x"] = x[:, index].clone()
+
+    def read_out(module, args, out):
+        held["x"] = _main(out)[:, index].clone()
+
+    def write(module, args, kwargs):
+        x = (args[0] if args else kwargs["hidden_states"]).clone()
+        x[:, index] = held["x"]
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+    def write_out(module, args, out):
+        main = _main(out)
+        main[:, index] = held["x"]
+        return out
+
+    # the donor's value: a hook that only reads
+    target = site_module(model, site, layer)
+    handle = (target.register_forward_pre_hook(read, with_kwargs=True) if site == "layer"
+              else target.register_forward_hook(read_out))
+    try:
+        model.prepare()
+        with torch.inference_mode():
+            hf(**donor_encoding)
+    finally:
+        handle.remove()
+    out = run(hook=write_out if site != "layer" else None, pre=write if site == "layer" else None)
+    return torch.log_softmax(out.logits[0, -1].float(), -1).numpy()

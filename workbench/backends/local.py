@@ -194,29 +194,69 @@ def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, .
 
 
 def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
-             on_trace: Any = None) -> tuple[Any, ...]:
+             on_trace: Any = None, memo: dict[Any, Any] | None = None) -> tuple[Any, ...]:
     """The condition's interventions ready to run: defaults resolved from the model, values from
     source conditions (patch, add direction_from) read by running those conditions first (the
-    spec refuses source cycles, so this recursion ends at any depth)."""
+    spec refuses source cycles, so this recursion ends at any depth).
+
+    memo: values already read for this sample (`SourceReads`): a patching scan's runs all read one
+    donor, whose forward then runs once per sample, not once per run."""
     resolved = []
     inputs = inputs_by_image[condition.image]
+    memo = {} if memo is None else memo
     for item in condition.interventions:
         item = item.resolve(model)
         source = needs_source(item)
         if source:
-            reader = SiteValues(item.site, item.layers, item.positions)
+            layers = item.layers if site(item.site).index else (None,)
+            index = position_index(item.positions, inputs.modality)
             source_plan = plan.condition(source)
-            source_items = _resolve(model, inputs_by_image, source_plan, plan, on_trace)
-            model.prepare()
-            values = trace(model, inputs_by_image[source_plan.image].encoding, inputs_by_image[source_plan.image],
-                           source_items, [reader], on_trace=on_trace)
-            model.prepare()
-            own = trace(model, inputs.encoding, inputs, (), [reader], on_trace=on_trace)
-            layers = item.layers if item.site == "layer" else (None,)
-            item = item.bind({l: values[("site", item.site, l)] for l in layers},
-                             {l: own[("site", item.site, l)] for l in layers})
+            values = _site_values(model, inputs_by_image, source_plan, item.site, layers, plan, on_trace, memo)
+            own = (_site_values(model, inputs_by_image, ConditionPlan(f"{condition.image} image", {}, condition.image),
+                                item.site, layers, plan, on_trace, memo) if item.reads_own else {})
+            item = item.bind({l: values[l][index] for l in layers}, {l: own[l][index] for l in own})
         resolved.append(item)
     return tuple(resolved)
+
+
+def _site_values(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, name: str,
+                 layers: tuple, plan: ModelPlan, on_trace: Any, memo: dict[Any, Any]) -> dict[Any, torch.Tensor]:
+    """{layer: (positions, width)} of site `name` at every position of `condition`'s forward on this
+    sample, from `memo` where it holds them; else one forward reading every layer `memo` was told
+    this sample will want of that site (`SourceReads.want`), or `layers`."""
+    key = (id(inputs_by_image), condition.name, name)
+    held = memo.setdefault(key, {})
+    if not set(layers) <= set(held):
+        wanted = tuple(sorted(set(layers) | set(memo.get(("want",) + key, ())) - set(held), key=_layer_key))
+        reader = SiteValues(name, None if wanted == (None,) else wanted, "all")
+        items = _resolve(model, inputs_by_image, condition, plan, on_trace, memo)
+        source_inputs = inputs_by_image[condition.image]
+        model.prepare()
+        values = trace(model, source_inputs.encoding, source_inputs, items, [reader], on_trace=on_trace)
+        held.update({l: values[("site", name, l)] for l in wanted})
+    return held
+
+
+def _layer_key(layer: int | None) -> int:
+    return -1 if layer is None else layer
+
+
+def want_sources(jobs: list[tuple[dict[str, Any], ConditionPlan]], memo: dict[Any, Any]) -> dict[Any, Any]:
+    """Tell `memo` every (sample, source, site) layer the jobs' sources will be read at, so each
+    source's forward reads them all at once (a scan's runs patch one layer each)."""
+    for inputs_by_image, condition in jobs:
+        for item in condition.interventions:
+            source = needs_source(item)
+            if not source:
+                continue
+            layers = item.layers if site(item.site).index else (None,)
+            keys = [(id(inputs_by_image), source, item.site)]
+            if getattr(item, "reads_own", True):
+                keys.append((id(inputs_by_image), f"{condition.image} image", item.site))
+            for key in keys:
+                wanted = memo.setdefault(("want",) + key, set())
+                wanted.update(layers or ())
+    return memo
 
 
 PER_TOKEN = ("input_ids", "attention_mask")  # `Architecture.per_token_keys`' default
@@ -401,19 +441,22 @@ def run_batch(model: ModelLike, inputs_by_image: dict[str, Any], group: list[Con
 
 
 def run_rows(model: ModelLike, jobs: list[tuple[dict[str, Any], ConditionPlan]], plan: ModelPlan,
-             on_trace: Any = None) -> list[RunResult]:
+             on_trace: Any = None, memo: dict[Any, Any] | None = None) -> list[RunResult]:
     """(inputs by image, condition) jobs, of one sample or several (`group_rows` put them
     together), as the rows of one forward, right-padded where their prompts differ in length
     (`stack_encodings`); each result equals its unbatched run (to float rounding).
+    memo: source values already read (`_site_values`; kept by the caller across the forwards of
+    one sample), else read here once per (sample, source, site).
     Inference mode inside, not as a decorator: the function travels to NDIF by its source."""
     with torch.inference_mode():  # the caches edited between traces are inference tensors
+        memo = want_sources(jobs, {} if memo is None else memo)
         if jobs[0][1].kv_swap is not None:
-            return [_run_kv_swap(model, jobs[0][0], jobs[0][1], plan, on_trace)]
+            return [_run_kv_swap(model, jobs[0][0], jobs[0][1], plan, on_trace, memo)]
         captures = plan.capture
         readers = captures.readers()
         lengths = [inputs_by_image[c.image].n_tokens for inputs_by_image, c in jobs]
         padded = len(set(lengths)) > 1
-        rows = [Row(inputs_by_image[c.image], _resolve(model, inputs_by_image, c, plan, on_trace), readers,
+        rows = [Row(inputs_by_image[c.image], _resolve(model, inputs_by_image, c, plan, on_trace, memo), readers,
                     captures.decoding, n if padded else None) for (inputs_by_image, c), n in zip(jobs, lengths)]
         per_token = model.arch.per_token_keys
         encoding = stack_encodings([row.inputs.encoding for row in rows], per_token,
@@ -432,12 +475,12 @@ def run_rows(model: ModelLike, jobs: list[tuple[dict[str, Any], ConditionPlan]],
 
 
 def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
-                 on_trace: Any = None) -> RunResult:
+                 on_trace: Any = None, memo: dict[Any, Any] | None = None) -> RunResult:
     """A kv_swap condition: prefill all but the last token, swap the donor's K/V in, decode it."""
     captures = plan.capture
     inputs = inputs_by_image[condition.image]
     n = inputs.n_tokens
-    interventions = _resolve(model, inputs_by_image, condition, plan, on_trace)
+    interventions = _resolve(model, inputs_by_image, condition, plan, on_trace, memo)
     readers = captures.readers()
     model.prepare()
     head_inputs = _truncate(inputs, n - 1, model.arch.per_token_keys)
@@ -447,7 +490,7 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
     swap = condition.kv_swap
     donor = plan.condition(swap.donor)
     donor_inputs = inputs_by_image[donor.image]
-    donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)
+    donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace, memo)
     model.prepare()
     donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
     donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,

@@ -21,6 +21,8 @@ Sites and what "the site's value" is:
 - `embed`: the token-embedding output (before image features are scattered in).
 - `layer`: the residual stream at each listed layer index (`workbench.sites` convention), edited
   where it enters decoder layer l (or the final norm for l = L).
+- `attn_out`, `mlp_out`: what decoder layer l's attention / MLP branch adds to the residual
+  stream, edited in the branch module's output (before the add).
 
 Shipped to NDIF servers: imports only torch, typing and workbench modules that do the same.
 """
@@ -62,13 +64,17 @@ class Intervention(Record):
     _fields = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 
+    # whether `bind` reads the condition's own values too (add's direction_from does; patch not)
+    reads_own = True
+
     def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
         # a site read at its stage's input is edited before (phase 0); one read inside its stage
-        # (a decoder layer's module) at that read's key: edits are listed before reads at one
-        # key (`backends.local._operations`), so the read sees the edit
+        # (a decoder layer's module, a branch output once its module has run) at that read's key:
+        # edits are listed before reads at one key (`backends.local._operations`), so the read
+        # sees the edit
         entry = site(self.site)
         phase = entry.phase if entry.phase > 1 else 0
-        if entry.index:  # layer, vision_layer
+        if entry.index:  # layer, vision_layer, attn_out, mlp_out
             return [(order(self.site, l, phase), l) for l in self.layers or ()]
         return [(order(self.site, None, phase), None)]
 

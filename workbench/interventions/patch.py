@@ -1,5 +1,7 @@
 """`patch`: replace the site's value at the selected positions with the `from` condition's value
-at the same positions (same layer). The source must have the same token sequence."""
+at the same positions (same layer). The source must have the same token sequence. Sites: `embed`,
+the residual stream `layer`, a decoder layer's branch outputs `attn_out` and `mlp_out` (what the
+branch adds to the residual stream, before the add), and the connector's modules."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class PatchSpec(InterventionSpec):
     from_: ConditionName = Field(alias="from")
 
 
-@register_intervention(PatchSpec, accesses=("sequence", "modules"), source="from_")
+@register_intervention(PatchSpec, accesses=("sequence", "modules", "branch"), source="from_")
 class Patch(Intervention):
     """Replace the site's value with the `source` condition's (bound before the run)."""
 
@@ -27,6 +29,7 @@ class Patch(Intervention):
     _defaults = {**Intervention._defaults, "source": ""}
     _factories = {"bound": dict}
     _hidden = ("bound",)
+    reads_own = False  # `bind` uses the source's values only (`backends.local._resolve` skips its own read)
 
     def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Patch":
         return self.replace(bound=values)

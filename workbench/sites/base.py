@@ -270,11 +270,20 @@ def site_tensor(model: ModelLike, name: str, layer: int | None = None) -> Any:
 
 
 def position_index(positions: str | list[int] | tuple[int, ...], modality: np.ndarray) -> np.ndarray:
-    """Sequence positions selected by a spec's `positions` (a modality name, `all`, or indices)."""
+    """Sequence positions selected by a spec's `positions`: a modality name, `all`, `last` (the
+    prompt's final token), `last-k` (k tokens before it), `i` or `i+j+...` (those token positions,
+    one group), or indices."""
     n = modality.shape[0]
     if isinstance(positions, str):
         if positions == "all":
             return np.arange(n)
+        if positions == "last" or positions.startswith("last-"):
+            back = int(positions[len("last-"):]) if positions != "last" else 0
+            if back >= n:
+                raise IndexError(f"position {positions!r} out of range for a sequence of {n} tokens")
+            return np.array([n - 1 - back], dtype=np.int64)
+        if positions[:1].isdigit():  # "5", "3+4+5": token positions named as one word
+            return position_index([int(p) for p in positions.split("+")], modality)
         return np.flatnonzero(modality == positions)
     index = np.asarray(list(positions), dtype=np.int64)
     if (index >= n).any():

@@ -19,4 +19,4 @@ def capture(plan: Any, layers: tuple[int, ...]) -> None:
 
 
 register_site(Site("mlp_out", 4, index="decoder_layer", stores={"mlp_out": ("token", "decoder_layer", "dim")},
-                   access="branch", phase=5, tensor=tensor, capture=capture))
+                   editable=True, access="branch", phase=5, tensor=tensor, capture=capture))

@@ -75,7 +75,7 @@ DATBENCH_CONFIGS = (
     "table",
 )
 DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
-POSITION_GROUPS = ("vision", "text", "boundary", "all")
+POSITION_GROUPS = ("vision", "text", "boundary", "all", "last")
 IMAGE_MODES = ("real", "blank", "none")
 NORMALIZE_TARGETS = ("text_embedding_mean",)
 ADD_DIRECTIONS = ("random",)
@@ -234,14 +234,25 @@ def _index_list(value: list, noun: str) -> list[int]:
     return list(value)
 
 
+# a position word beyond the groups: `last-k` (k tokens before the last), `i` or `i+j+...` (token
+# positions as one group: a scan's cell, `workbench.spec.scans`)
+_POSITION_WORD_RE = re.compile(r"last-[1-9][0-9]*|[0-9]+(\+[0-9]+)*")
+
+
+def is_position_word(value: Any) -> bool:
+    """A word naming positions: a group (`POSITION_GROUPS`), `last-k` or `i+j+...`."""
+    return isinstance(value, str) and (value in POSITION_GROUPS or _POSITION_WORD_RE.fullmatch(value) is not None)
+
+
 def _positions(value: Any) -> str | list[int]:
     if isinstance(value, list):
         return _index_list(value, "token position")
-    if isinstance(value, str) and value in POSITION_GROUPS:
+    if is_position_word(value):
         return value
     _fail(
         f"{_got(value)}{_did_you_mean(value, POSITION_GROUPS)}; expected one of "
-        f"{_quoted(POSITION_GROUPS)} or a list of token positions (integers >= 0)"
+        f"{_quoted(POSITION_GROUPS)}, 'last-k' (k tokens before the last), 'i+j' (several positions as one group) "
+        "or a list of token positions (integers >= 0)"
     )
 
 
@@ -337,7 +348,7 @@ def _sweep_values(value: Any) -> list[float] | list[int] | list[str]:
                  + (f" or one of {_quoted(SWEEP_WORDS)}" if words else "")
                  + (" (a sweep's values are all numbers or all words)" if mixed else ""))
                 for i, v in enumerate(value)
-                if (v not in SWEEP_WORDS if words else not _finite_number(v))]
+                if (not (v in SWEEP_WORDS or is_position_word(v)) if words else not _finite_number(v))]
     if problems:
         _fail_many(problems)
     return list(value) if words else [v if isinstance(v, int) else float(v) for v in value]
@@ -357,10 +368,10 @@ def _distinct_values(values: list[float]) -> list[float]:
 
 Number = Annotated[float, PlainValidator(_number)]
 NumberOrVar = Annotated[Union[float, str], PlainValidator(_number_or_var), Swept("number")]
-Positions = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[int]], PlainValidator(_positions)]
+Positions = Annotated[Union[Literal["vision", "text", "boundary", "all", "last"], str, list[int]], PlainValidator(_positions)]
 Layers = Annotated[Union[Literal["all"], list[int]], PlainValidator(_layers)]
 # an edit's positions and layers: a '$variable' as the whole value or as list items
-PositionsOrVar = Annotated[Union[Literal["vision", "text", "boundary", "all"], list[Union[int, str]], str],
+PositionsOrVar = Annotated[Union[Literal["vision", "text", "boundary", "all", "last"], list[Union[int, str]], str],
                            PlainValidator(_with_vars(_positions, "a token position (an integer >= 0)")),
                            Swept("positions", _one_position)]
 LayersOrVar = Annotated[Union[Literal["all"], list[Union[int, str]], str],

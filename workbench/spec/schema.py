@@ -48,8 +48,9 @@ from .fields import (
 from .kinds import InterventionEntry
 from .kinds import SpecModel as _Model
 from .problems import Problem, SpecPath, _did_you_mean, _got
-from .sweeps import (ConditionInstance, ConditionSpace, run_count, sweep_axes, sweep_section,
+from .sweeps import (ConditionInstance, ConditionSpace, run_count, scan_value_problems, sweep_axes, sweep_section,
                      undefined_var_message, value_problems, var_refs, variables)
+from .scans import Scan, own_fields_problems, scan_problems
 from .sizes import Limits, check_data_sizes
 from .yaml_lines import _line_of
 
@@ -131,6 +132,8 @@ class Condition(_Model):
     image: Annotated[Literal["real", "blank", "none"], _one_of(IMAGE_MODES)] = "real"
     interventions: list[InterventionEntry] = []
     kv_swap: KVSwap | None = None
+    # a patching scan: layers x position groups of one patch between two conditions (spec/scans.py)
+    scan: Scan | None = None
 
     _axes: tuple = PrivateAttr(())
 
@@ -141,6 +144,12 @@ class Condition(_Model):
 
     @model_validator(mode="after")
     def _vars_are_swept(self) -> "Condition":
+        if self.scan is not None:
+            problems = own_fields_problems(self)
+            if problems:
+                _fail_many(problems)
+            self._axes = self.scan.axes()
+            return self
         self._axes = sweep_axes(self.sweep)
         defined = variables(self._axes)
         problems = [(subpath + path, undefined_var_message(var, defined))
@@ -148,6 +157,11 @@ class Condition(_Model):
         if problems:
             _fail_many(problems)
         return self
+
+    @property
+    def runs_many(self) -> bool:
+        """Whether it names several runs (a sweep or a scan): no condition may read it by name."""
+        return bool(self.sweep) or self.scan is not None
 
     @property
     def axes(self) -> tuple:
@@ -337,18 +351,21 @@ def _reference_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath
             message = _reference_message(target, name, self_ok, conditions)
             if message:
                 problems.append((("conditions", name) + subpath, message))
+        if cond.scan is not None:
+            problems += scan_problems(name, cond.scan, conditions)
     return problems
 
 
 def _reference_message(target: str, owner: str, self_ok: bool, conditions: dict[str, Condition]) -> str | None:
-    candidates = [c for c, cond in conditions.items() if not cond.sweep and (self_ok or c != owner)]
+    candidates = [c for c, cond in conditions.items() if not cond.runs_many and (self_ok or c != owner)]
     expected = f"one of {', '.join(candidates)}" if candidates else "the name of another condition without a sweep"
     if target == owner and not self_ok:
         return f"condition '{owner}' refers to itself; expected {expected}"
     if target not in conditions:
         return f"unknown condition '{target}'{_did_you_mean(target, conditions)}; expected {expected}"
-    if conditions[target].sweep:
-        return f"condition '{target}' has a sweep, so it names several runs; expected {expected}"
+    if conditions[target].runs_many:
+        what = "a sweep" if conditions[target].sweep else "a scan"
+        return f"condition '{target}' has {what}, so it names several runs; expected {expected}"
     return None
 
 
@@ -437,8 +454,12 @@ def _source_cycle_problems(conditions: dict[str, Condition]) -> list[tuple[SpecP
 def _sweep_value_problems(conditions: dict[str, Condition]) -> list[tuple[SpecPath, str]]:
     """Every swept run's entries, validated as hand-written ones (each distinct value of a
     variable once, located at the first run holding it: `workbench.spec.sweeps.value_problems`)."""
-    return [problem for base, cond in conditions.items() if cond.sweep
-            for problem in value_problems(base, cond.entries(), cond.axes)]
+    problems = [problem for base, cond in conditions.items() if cond.sweep
+                for problem in value_problems(base, cond.entries(), cond.axes)]
+    for base, cond in conditions.items():  # a scan's patch, checked at each layer and group once
+        if cond.scan is not None:
+            problems += scan_value_problems(base, cond.scan)
+    return problems
 
 
 def condition_runs(condition: Condition) -> int:

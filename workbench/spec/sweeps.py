@@ -267,8 +267,12 @@ class ConditionInstance:
         return RunKey(self.name, self.base) if self.sweep else self.base
 
 
-def instance(base: str, condition: Any, assignment: dict[str, Any]) -> ConditionInstance:
+def instance(base: str, condition: Any, assignment: dict[str, Any],
+             conditions: Mapping[str, Any] | None = None) -> ConditionInstance:
+    """Run `assignment` of `condition` (`conditions`: the spec's, which a scan's runs are built from)."""
     name = run_name(base, assignment)
+    if condition.scan is not None:
+        return scan_instance(name, base, condition.scan, assignment, conditions or {})
     swap = condition.kv_swap
     return ConditionInstance(
         name=name,
@@ -293,11 +297,50 @@ def _placed(name: str, base: str, subpath: SpecPath, entry: BaseModel, assignmen
         raise SpecError([Problem(where + tuple(p), None, m) for p, m in nested_problems(exc, type(entry))]) from None
 
 
+def _patch_entry(scan: Any, assignment: Mapping[str, Any]) -> BaseModel:
+    from ..extend import intervention_kinds  # the registry imports the spec package
+
+    return intervention_kinds()["patch"].spec.model_validate(scan.patch_entry(assignment))
+
+
+def scan_instance(name: str, base: str, scan: Any, assignment: Mapping[str, Any],
+                  conditions: Mapping[str, Any]) -> ConditionInstance:
+    """A scan's run (`workbench.spec.scans`): its base condition's image and interventions, then
+    the patch of layer `l` at group `pos` from the donor."""
+    _, runs_as, _ = scan.roles(assignment)
+    into = conditions[runs_as]
+    patch = _patch_entry(scan, assignment)  # `scan_value_problems` checked every value when validated
+    return ConditionInstance(name=name, base=base, sweep={**assignment, **scan.stored(assignment)}, image=into.image,
+                             interventions=(*into.interventions, patch))
+
+
+def scan_value_problems(base: str, scan: Any) -> list[tuple[SpecPath, str]]:
+    """The scan's patch validated at each layer and each position group (as `value_problems` does
+    a sweep's fields), located at the first run holding the value."""
+    from .translate import nested_problems
+
+    axes = scan.axes()
+    problems: list[tuple[SpecPath, str]] = []
+    for var in ("l", "pos"):
+        for values in _combinations(axes, {var}):
+            assignment = first_with(axes, values)
+            try:
+                _patch_entry(scan, assignment)
+            except ValidationError as exc:
+                from ..extend import intervention_kinds
+
+                where = ("conditions", RunKey(run_name(base, assignment), base), "scan")
+                model = intervention_kinds()["patch"].spec
+                problems += [(where + tuple(p), m) for p, m in nested_problems(exc, model)]
+    return problems
+
+
 class ConditionSpace(Sequence[ConditionInstance]):
     """Every concrete run of a spec's conditions, built when asked for: its length and each run
     come from the sweeps' values, so holding it costs the spec, never the expanded count."""
 
     def __init__(self, conditions: Mapping[str, Any]):
+        self._conditions = conditions
         self._parts = [(base, cond, cond.axes, run_count(cond.axes)) for base, cond in conditions.items()]
         self._length = sum(count for *_, count in self._parts)
 
@@ -318,14 +361,14 @@ class ConditionSpace(Sequence[ConditionInstance]):
         index %= self._length
         for base, cond, axes, count in self._parts:
             if index < count:
-                return instance(base, cond, assignment_at(axes, index))
+                return instance(base, cond, assignment_at(axes, index), self._conditions)
             index -= count
         raise AssertionError("unreachable: the index was checked against the length")
 
     def __iter__(self) -> Iterator[ConditionInstance]:
         for base, cond, axes, count in self._parts:
             for i in range(count):
-                yield instance(base, cond, assignment_at(axes, i))
+                yield instance(base, cond, assignment_at(axes, i), self._conditions)
 
     def names(self) -> Iterator[str]:
         """The runs' names only, in order (nothing else of a run is built)."""
