@@ -128,6 +128,28 @@ def center_crop_grid(ctx: GeometryContext) -> list[Place]:
     return grid(0, (rect[0] * sx, rect[1] * sy, rect[2] * sx, rect[3] * sy), side, side)
 
 
+def padded_square_grid(ctx: GeometryContext) -> list[Place]:
+    """DeepSeek-VL / Janus: the longest side resized to `size` (the other `round`ed, at least
+    `min_size`), the image centred on a square of the background colour, a k x k grid over the
+    square (transformers 5.25 models/janus/image_processing_pil_janus.py `resize`,
+    `pad_to_square`). A token partly over the padding has its box clipped to the image; a token
+    wholly over it covers no pixel of the image and is NO_PLACE."""
+    ip, (w, h) = ctx.image_processor, ctx.image_size
+    canvas_h, canvas_w = (int(v) for v in ctx.encoding["pixel_values"].shape[-2:])
+    new_w, new_h = w, h
+    if getattr(ip, "do_resize", True):
+        target = int(ip.size["height"])
+        min_size = int(getattr(ip, "min_size", 0) or 0)
+        new_h, new_w = max(round(h * target / max(w, h)), min_size), max(round(w * target / max(w, h)), min_size)
+    if new_w > canvas_w or new_h > canvas_h:
+        raise GeometryUnavailable(f"a {new_w} x {new_h} resize does not fit the {canvas_w} x {canvas_h} pixel values")
+    left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2
+    side = _square(ctx.n_vision, "padded square")
+    sx, sy = w / new_w, h / new_h
+    rect = (-left * sx, -top * sy, (canvas_w - left) * sx, (canvas_h - top) * sy)
+    return [p if p.x0 < p.x1 and p.y0 < p.y1 else NO_PLACE for p in grid(0, rect, side, side, (float(w), float(h)))]
+
+
 def merged_grid(ctx: GeometryContext) -> list[Place]:
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V: the whole image resized to a multiple of
     patch x merge (`smart_resize`), its (h, w) patch grid in `image_grid_thw`, each token a
@@ -250,8 +272,8 @@ def anyres(ctx: GeometryContext) -> list[Place]:
     return places
 
 
-LAYOUTS: dict[str, Layout] = {f.__name__: f for f in (square_grid, center_crop_grid, merged_grid, split_tiles_global,
-                                                       dynamic_tiles, native_rows, anyres)}
+LAYOUTS: dict[str, Layout] = {f.__name__: f for f in (square_grid, padded_square_grid, center_crop_grid, merged_grid,
+                                                       split_tiles_global, dynamic_tiles, native_rows, anyres)}
 
 
 def layout_for(arch: Architecture) -> Layout | None:
