@@ -8,7 +8,8 @@ token of the prompt in order, a `Place`: the tile (crop, global image or thumbna
 order the processor makes them), the row and column in that tile's token grid, and the pixel box
 `(x0, y0, x1, y1)` it covers in the original image (continuous coordinates, x1/y1 exclusive; a
 merged token covers every patch merged into it). A token with no patch of its own (LLaVA-NeXT's
-`image_newline`) is `NO_PLACE`.
+`image_newline`) or wholly over a processor's padding (`padded_square_grid`) is `NO_PLACE`: -1 in
+every label.
 
 The store keeps them as the token labels `image`, `tile`, `patch_row`, `patch_col` (int32) and
 `box_x0`, `box_y0`, `box_x1`, `box_y1` (float32); every other token holds -1 in each.
@@ -309,6 +310,8 @@ def token_geometry(arch: Architecture, ctx: GeometryContext) -> dict[str, np.nda
         ints[vision, 0] = 0
         ints[vision, 1:] = table[:, :3].astype(np.int32)
         boxes[vision] = table[:, 3:].astype(np.float32)
-        boxes[vision[table[:, 0] < 0]] = NONE
+        unplaced = vision[table[:, 0] < 0]  # NO_PLACE: -1 in all eight, `image` included
+        ints[unplaced, 0] = NONE
+        boxes[unplaced] = NONE
     return {**{name: ints[:, i] for i, name in enumerate(GEOMETRY_INTS)},
             **{name: boxes[:, i] for i, name in enumerate(GEOMETRY_BOXES)}}
