@@ -82,18 +82,19 @@ def _identity(module: torch.nn.Module, args: tuple, kwargs: dict, output: object
     return (given, *output[1:]) if isinstance(output, tuple) else given
 
 
-def _measure(arch: Architecture) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+def _measure(arch: Architecture, size: tuple[int, int] = (96, 64),
+             region: tuple[int, int, int, int] = REGION) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
     """(changed, geometry) over the prompt's vision tokens: which tokens' projector output moved
-    when REGION was repainted, and the geometry the encoder stores for them."""
+    when `region` of a `size` image was repainted, and the geometry the encoder stores for them."""
     info = model_info(arch.tiny)
     encoder = InputEncoder(info)
     hf = getattr(transformers, arch.model_class).from_pretrained(str(tiny_model_dir(arch.tiny)), dtype=torch.float32)
     hf.eval()
     for layer in hf.get_submodule(arch.vision_layers):
         layer.register_forward_hook(_identity, with_kwargs=True)
-    base = _noise(1, (96, 64))
+    base = _noise(1, size)
     repainted = base.copy()
-    x0, y0, x1, y1 = REGION
+    x0, y0, x1, y1 = region
     repainted[y0:y1, x0:x1] = _noise(2, (x1 - x0, y1 - y0))
     inputs = encoder.encode(Image.fromarray(base), "What is shown?")
     other = encoder.encode(Image.fromarray(repainted), "What is shown?")
@@ -132,3 +133,21 @@ def test_stored_boxes_are_the_tokens_a_region_reaches(arch: Architecture) -> Non
     assert not len(outside), f"{arch.family}: tokens {outside.tolist()} changed, their boxes {boxes[outside].tolist()} miss R"
     missed = np.flatnonzero(shrunk & ~changed)
     assert not len(missed), f"{arch.family}: tokens {missed.tolist()} cover R ({boxes[missed].tolist()}) but did not change"
+
+
+PADDED = [a for a in TINY_VLMS if a.geometry is not None and a.geometry.layout == "padded_square_grid"]
+
+
+@pytest.mark.parametrize("arch", PADDED, ids=lambda a: a.family)
+def test_tokens_wholly_over_the_padding_have_no_place(arch: Architecture) -> None:
+    """A 96 x 16 image is resized to 32 x 8 and centred on a 32 x 32 square: of the 4 x 4 token
+    rows, the first and last lie wholly over the background colour. Repainting the whole image
+    moves exactly the tokens that have a place; those over the padding hold -1 in every label."""
+    changed, geometry = _measure(arch, (96, 16), (0, 0, 96, 16))
+    assert geometry is not None
+    placed = geometry["tile"] >= 0
+    assert placed.any() and not placed.all(), f"{arch.family}: {placed.sum()} of {placed.size} tokens placed"
+    assert np.array_equal(changed, placed), f"{arch.family}: moved {changed.tolist()}, placed {placed.tolist()}"
+    assert all((v[~placed] == NONE).all() for v in geometry.values())
+    boxes = np.stack([geometry[k] for k in ("box_x0", "box_y0", "box_x1", "box_y1")], axis=1)[placed]
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 96).all() and (boxes[:, 3] <= 16).all()

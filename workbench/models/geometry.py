@@ -8,7 +8,8 @@ token of the prompt in order, a `Place`: the tile (crop, global image or thumbna
 order the processor makes them), the row and column in that tile's token grid, and the pixel box
 `(x0, y0, x1, y1)` it covers in the original image (continuous coordinates, x1/y1 exclusive; a
 merged token covers every patch merged into it). A token with no patch of its own (LLaVA-NeXT's
-`image_newline`) is `NO_PLACE`.
+`image_newline`) or wholly over a processor's padding (`padded_square_grid`) is `NO_PLACE`: -1 in
+every label.
 
 The store keeps them as the token labels `image`, `tile`, `patch_row`, `patch_col` (int32) and
 `box_x0`, `box_y0`, `box_x1`, `box_y1` (float32); every other token holds -1 in each.
@@ -126,6 +127,28 @@ def center_crop_grid(ctx: GeometryContext) -> list[Place]:
         rect = (left, top, left + cw, top + ch)
     sx, sy = w / new_w, h / new_h
     return grid(0, (rect[0] * sx, rect[1] * sy, rect[2] * sx, rect[3] * sy), side, side)
+
+
+def padded_square_grid(ctx: GeometryContext) -> list[Place]:
+    """DeepSeek-VL / Janus: the longest side resized to `size` (the other `round`ed, at least
+    `min_size`), the image centred on a square of the background colour, a k x k grid over the
+    square (transformers 5.25 models/janus/image_processing_pil_janus.py `resize`,
+    `pad_to_square`). A token partly over the padding has its box clipped to the image; a token
+    wholly over it covers no pixel of the image and is NO_PLACE."""
+    ip, (w, h) = ctx.image_processor, ctx.image_size
+    canvas_h, canvas_w = (int(v) for v in ctx.encoding["pixel_values"].shape[-2:])
+    new_w, new_h = w, h
+    if getattr(ip, "do_resize", True):
+        target = int(ip.size["height"])
+        min_size = int(getattr(ip, "min_size", 0) or 0)
+        new_h, new_w = max(round(h * target / max(w, h)), min_size), max(round(w * target / max(w, h)), min_size)
+    if new_w > canvas_w or new_h > canvas_h:
+        raise GeometryUnavailable(f"a {new_w} x {new_h} resize does not fit the {canvas_w} x {canvas_h} pixel values")
+    left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2
+    side = _square(ctx.n_vision, "padded square")
+    sx, sy = w / new_w, h / new_h
+    rect = (-left * sx, -top * sy, (canvas_w - left) * sx, (canvas_h - top) * sy)
+    return [p if p.x0 < p.x1 and p.y0 < p.y1 else NO_PLACE for p in grid(0, rect, side, side, (float(w), float(h)))]
 
 
 def merged_grid(ctx: GeometryContext) -> list[Place]:
@@ -250,8 +273,8 @@ def anyres(ctx: GeometryContext) -> list[Place]:
     return places
 
 
-LAYOUTS: dict[str, Layout] = {f.__name__: f for f in (square_grid, center_crop_grid, merged_grid, split_tiles_global,
-                                                       dynamic_tiles, native_rows, anyres)}
+LAYOUTS: dict[str, Layout] = {f.__name__: f for f in (square_grid, padded_square_grid, center_crop_grid, merged_grid,
+                                                       split_tiles_global, dynamic_tiles, native_rows, anyres)}
 
 
 def layout_for(arch: Architecture) -> Layout | None:
@@ -287,6 +310,8 @@ def token_geometry(arch: Architecture, ctx: GeometryContext) -> dict[str, np.nda
         ints[vision, 0] = 0
         ints[vision, 1:] = table[:, :3].astype(np.int32)
         boxes[vision] = table[:, 3:].astype(np.float32)
-        boxes[vision[table[:, 0] < 0]] = NONE
+        unplaced = vision[table[:, 0] < 0]  # NO_PLACE: -1 in all eight, `image` included
+        ints[unplaced, 0] = NONE
+        boxes[unplaced] = NONE
     return {**{name: ints[:, i] for i, name in enumerate(GEOMETRY_INTS)},
             **{name: boxes[:, i] for i, name in enumerate(GEOMETRY_BOXES)}}

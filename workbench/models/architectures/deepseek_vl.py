@@ -3,7 +3,7 @@
 384 px image of 576 `<image_placeholder>` tokens, no framing tokens (transformers 5.25
 models/deepseek_vl/modeling_deepseek_vl.py)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 DEEPSEEK_VL = Architecture(
     family="deepseek_vl",
@@ -21,6 +21,8 @@ DEEPSEEK_VL = Architecture(
     projector_merger="model.aligner",
     projector_parts={"linear1": "model.aligner.linear1", "linear2": "model.aligner.linear2"},
     image_token="<image_placeholder>",
+    # the longest side resized, centred on a square of the background colour, one token per patch
+    geometry=PatchGeometry(layout="padded_square_grid"),
     hub_id="deepseek-community/deepseek-vl-1.3b-chat",
     tiny="tiny-deepseek_vl",
     client="tiny_deepseek_vl",

@@ -4,7 +4,7 @@ fixed 384 px image of 576 tokens framed by `<begin_of_image>` / `<end_of_image>`
 generation parts (VQ-VAE, generation head) do not run when reading an image (transformers 5.25
 models/janus/modeling_janus.py)."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 JANUS = Architecture(
     family="janus",
@@ -22,6 +22,8 @@ JANUS = Architecture(
     projector_merger="model.aligner",
     projector_parts={"fc1": "model.aligner.fc1", "hidden_layers": "model.aligner.hidden_layers.*"},
     image_token="<image_placeholder>",
+    # the longest side resized, centred on a square of the background colour, one token per patch
+    geometry=PatchGeometry(layout="padded_square_grid"),
     boundary_tokens=("<begin_of_image>", "<end_of_image>"),
     hub_id="deepseek-community/Janus-Pro-1B",
     tiny="tiny-janus",
