@@ -179,15 +179,20 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
 
 
 def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...],
-             parts: tuple[str, ...] = ("keys", "values")) -> None:
+             parts: tuple[str, ...] = ("keys", "values"), cross: tuple[int, ...] = ()) -> None:
     """Copy the donor cache's `parts` ("keys" and/or "values", the attribute names of a cache
-    layer) at `positions` of `layers` into `cache`; every other entry stays this condition's."""
+    layer) at `positions` of `layers` into `cache`; every other entry stays this condition's.
+    A cross-attention layer's (`cross`: Mllama's) entries are the image's, every row copied."""
     index = torch.as_tensor(positions, dtype=torch.long)
     for l in layers:
         target, source = cache.layers[l], donor.layers[l]
         for part in parts:
             mine = getattr(target, part)
-            mine[:, :, index] = getattr(source, part)[:, :, index].to(mine.device)
+            theirs = getattr(source, part).to(mine.device)
+            if l in cross:
+                mine.copy_(theirs)
+            else:
+                mine[:, :, index] = theirs[:, :, index]
 
 
 def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
@@ -449,7 +454,8 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
     donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
     donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
                         on_trace=on_trace).pop("cache")
-    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts)
+    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts,
+             tuple(model.info.cross_attention_layers))
     last = torch.as_tensor(inputs.input_ids[-1])
     # the vision tower ran in the head: the one-token tail has nothing of it to read
     tail_readers = [r for r in readers if not getattr(r, "prompt_only", False)]

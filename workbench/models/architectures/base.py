@@ -59,6 +59,14 @@ class Architecture(Record):
       forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
       not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
       (the attention capture's) once a submodule inside it was requested
+    cross_attention_layers: text-config attribute listing the decoder layers that cross-attend to
+      the image (Mllama: `cross_attention_layers`); None: the image enters the token sequence. With
+      it the image never enters the residual stream: the image token is a marker (labelled
+      boundary), the image's K/V are those layers' cache entries (site `cross_kv`), and `kv_swap`
+      swaps them (the cross-attention KV from the donor image)
+    layer_types: text-config attribute naming each decoder layer's kind (LFM2: `layer_types`);
+      layers whose kind is not in `attention_types` have no self-attention (LFM2's short
+      convolutions): no KV cache, no attention, keys or attn_out there. None: every layer attends
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -67,7 +75,8 @@ class Architecture(Record):
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "tiny", "client")
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "cross_attention_layers", "layer_types",
+               "attention_types", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -76,6 +85,8 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
+                 "cross_attention_layers": None, "layer_types": None,
+                 "attention_types": ("full_attention", "sliding_attention"),
                  "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
@@ -84,6 +95,9 @@ class Architecture(Record):
     prefix_lm: bool
     position_offset: int
     tower_prefix_rows: int
+    cross_attention_layers: str | None
+    layer_types: str | None
+    attention_types: tuple[str, ...]
 
     @property
     def is_multimodal(self) -> bool:
