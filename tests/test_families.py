@@ -86,7 +86,7 @@ def test_modality_labels_match_the_image_token_mask(load_tiny, name):
     with torch.inference_mode():
         feats = model.hf.get_image_features(**{k: v for k, v in inputs.encoding.items()
                                                if k in ("pixel_values", "image_grid_thw", "image_sizes",
-                                                        "pixel_attention_mask")})
+                                                        "pixel_attention_mask", "spatial_shapes")})
     feats = getattr(feats, "pooler_output", feats)
     feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats]) if isinstance(feats, (list, tuple)) else feats
     assert feats.reshape(-1, feats.shape[-1]).shape[0] == mask.sum()
@@ -208,9 +208,9 @@ def test_vision_sites_match_plain_hooks(load_tiny, name):
 
 # connectors whose first operation is a norm (RMSNorm ln_q, mm_soft_emb_norm after pooling,
 # LayerNorm after the pixel shuffle) are blind to a uniform scale of the tower's output; so, but for
-# the conv's bias, is GLM-4V's (a conv and a linear map, then a LayerNorm)
+# the conv's bias, is GLM-4V's (a conv and a linear map, then a LayerNorm); LFM2-VL's unshuffles, then a LayerNorm
 NORM_FIRST = {"tiny-qwen3vl", "tiny-qwen2_5_vl", "tiny-qwen2_vl", "tiny-gemma3", "tiny-internvl", "tiny-aya_vision",
-              "tiny-glm4v", "tiny-mistral3"}
+              "tiny-glm4v", "tiny-mistral3", "tiny-lfm2_vl"}
 
 
 @pytest.mark.parametrize("name", VLM_FAMILIES)

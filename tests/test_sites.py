@@ -21,7 +21,8 @@ TINY = [a.tiny for a in tiny_architectures()]
 # written here, not read from the registry: the module whose output each branch adds to the
 # residual stream. Gemma-3 and GLM-4V are peri-LN (a norm after each branch); every other family is pre-LN.
 PERI_LN = {"gemma3": {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
-           "glm4v": {"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"}}
+           "glm4v": {"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"},
+           "lfm2_vl": {"mlp_out": "feed_forward"}}   # pre-LN, its MLP named feed_forward
 PRE_LN = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 
@@ -58,8 +59,10 @@ def hooked_outputs(model, path, encoding, only=None):
 
 
 def _layers(model):
-    """The decoder layers every decoder-layer site exists at (Mllama: not its cross-attention ones)."""
-    return model.info.attention_layers if model.info.cross_attention_layers else tuple(range(model.n_layers))
+    """The decoder layers the attention sites exist at (Mllama: not its cross-attention layers;
+    LFM2: not its convolutions)."""
+    layers = model.info.attention_layers
+    return tuple(range(model.n_layers)) if layers is None else layers
 
 
 def _captured(model, inputs, sites, residual=True):
