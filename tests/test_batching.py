@@ -218,6 +218,10 @@ def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
   vscale: {interventions: [{kind: scale, site: vision, factor: 2.0}]}
   vlayer: {interventions: [{kind: scale, site: vision_layer, layers: [0], factor: 0.5}]}
   merger: {interventions: [{kind: scale, site: projector.merger, positions: vision, factor: 0.5}]}"""
+    if not model_info(name).arch.vision_layers:   # Mllama declares none (refused: tests/test_mllama.py)
+        conditions = conditions.replace("\n  vlayer: {interventions: [{kind: scale, site: vision_layer, layers: [0], "
+                                        "factor: 0.5}]}", "")
+    tower = "{site: vision_layer}, " if model_info(name).arch.vision_layers else ""
     stores = {}
     for batch in (1, 8):
         stores[batch] = tmp_path / f"b{batch}.zarr"
@@ -226,7 +230,7 @@ name: batching-vision
 models: [{name}]
 data: {{source: builtin, n: 2}}
 conditions:{conditions}
-capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
+capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {tower}{{site: embed_table}}, {{site: logits}}]
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
 store: {{path: {stores[batch]}}}
 """)
@@ -288,6 +292,8 @@ def padded_spec(name: str, store: Path, batch_size: int, data: str) -> str:
     # refuses it; test_vision_tower_sites_batch_like_the_rest batches them across samples)
     arch = model_info(name).arch
     vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.deepstack else ""
+    if not arch.vision_layers:   # Mllama declares none (refused: tests/test_mllama.py)
+        vision = vision.replace(", {site: vision_layer}", "")
     return f"""\
 name: padded-{name}
 models: [{name}]

@@ -170,11 +170,12 @@ def site_layers(info: Any, site: str) -> tuple[tuple[int, ...], str] | None:
     if cross:
         return tuple(info.attention_layers), ("cross-attend to the image (their K/V are the site 'cross_kv'; "
                                               "their branches are tanh-gated, not the modules' outputs)")
-    if site in SELF_ATTENTION_SITES:
-        kinds = getattr(info.arch, "layer_types", None) or "layer types"
-        return tuple(info.attention_layers), (f"are not attention layers (the config's {kinds}): no self-attention, "
-                                              "no KV cache there")
-    return None
+    # every decoder-layer site, not only the self-attention ones: a store keeps one
+    # `decoder_layer` coordinate, which `keys` and `mlp_out` of one spec must share
+    kinds = getattr(info.arch, "layer_types", None) or "layer types"
+    what = "no self-attention, no KV cache there" if site in SELF_ATTENTION_SITES else "the decoder-layer sites " \
+        "take the attention layers, so every decoder_layer variable of a store shares them"
+    return tuple(info.attention_layers), f"are not attention layers (the config's {kinds}): {what}"
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:

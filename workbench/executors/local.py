@@ -55,7 +55,7 @@ class LocalExecutor:
         jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
         groups = group_rows([(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
                             model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
-                            model.arch.deepstack)
+                            model.arch.deepstack, model.arch.packed_connector)
         for group in groups:
             rows = [jobs[i] for i in group]
             ids = list(dict.fromkeys(sample.id for sample, _, _ in rows))

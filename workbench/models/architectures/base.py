@@ -67,6 +67,8 @@ class Architecture(Record):
     layer_types: text-config attribute naming each decoder layer's kind (LFM2: `layer_types`);
       layers whose kind is not in `attention_types` have no self-attention (LFM2's short
       convolutions): no KV cache, no attention, keys or attn_out there. None: every layer attends
+    packed_connector: the connector runs every image of a batch as one row (LFM2-VL's projector
+      reads one grid of all images' patches), so a row editing it runs in a forward of its own
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -76,7 +78,7 @@ class Architecture(Record):
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "cross_attention_layers", "layer_types",
-               "attention_types", "tiny", "client")
+               "attention_types", "packed_connector", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -86,7 +88,7 @@ class Architecture(Record):
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
                  "cross_attention_layers": None, "layer_types": None,
-                 "attention_types": ("full_attention", "sliding_attention"),
+                 "attention_types": ("full_attention", "sliding_attention"), "packed_connector": False,
                  "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
@@ -98,6 +100,7 @@ class Architecture(Record):
     cross_attention_layers: str | None
     layer_types: str | None
     attention_types: tuple[str, ...]
+    packed_connector: bool
 
     @property
     def is_multimodal(self) -> bool:

@@ -4,7 +4,8 @@ convolutions or grouped-query attention (`layer_types`; transformers 5.25
 models/lfm2_vl/modeling_lfm2_vl.py, models/lfm2/modeling_lfm2.py).
 
 The residual stream is every layer's. Only the attention layers have a KV cache, attention and
-keys: `keys`, `values`, `keys_pre`, `attention` and `attn_out` take those layers (`all` means them,
+keys: `keys`, `values`, `keys_pre`, `attention`, `attn_out` (and `mlp_out`, since a store keeps one
+`decoder_layer` coordinate) take those layers (`all` means them,
 and the stored `decoder_layer` coordinate names them); a convolution layer's cache is a rolling
 state of its last `conv_L_cache` inputs, not K/V per position, so `kv_swap` swaps the attention
 layers' K/V and refuses convolution layers with the reason. Large images are split into 512 px
@@ -34,6 +35,8 @@ LFM2_VL = Architecture(
     boundary_patterns=(r"<\|img_row_\d+_col_\d+\|>",),
     branch_outputs={"attn_out": "self_attn", "mlp_out": "feed_forward"},
     layer_types="layer_types",
+    # the projector reads one grid of every image's patches (`get_image_features`): batch dim 1
+    packed_connector=True,
     tiny="tiny-lfm2_vl",
     client="tiny_lfm2_vl",
 )
