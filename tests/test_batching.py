@@ -235,7 +235,7 @@ backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
 store: {{path: {stores[batch]}}}
 """)
     a, _ = assert_stores_match(stores[1], stores[8], name)
-    assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
+    assert {"vision", "embed_table_norms"} | ({"vision_hidden"} if tower else set()) <= set(a.data_vars)
 
 
 # -- rows of different samples in one forward (right padding) ------------------------------------
@@ -366,7 +366,12 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
         _results_equal(result, alone, sample.id)
 
 
-PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(name, marks=pytest.mark.slow)
+# Mllama's (batch, token, image, tile) cross_attention_mask is never padded: its rows of other
+# lengths never share a forward (`backends.local.pad_requirements`), so no row of it is padded
+UNPADDED = {"tiny-mllama": "Mllama's 4-D cross_attention_mask is not padded: rows of other lengths run apart"}
+PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(
+                    name, marks=[pytest.mark.slow] + ([pytest.mark.xfail(strict=True, reason=UNPADDED[name])]
+                                                      if name in UNPADDED else []))
                 for name in (a.tiny for a in tiny_architectures())]
 
 
