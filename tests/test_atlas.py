@@ -23,14 +23,16 @@ from workbench.spec import load_spec
 from workbench.store import verify_store
 
 SPEC = Path(__file__).resolve().parents[1] / "specs" / "norm_atlas.yaml"
-VLMS = [a.tiny for a in tiny_architectures() if a.is_multimodal]
+# every family whose image enters the token sequence (a cross-attention family, Mllama, has no
+# vision rows at the LLM input, and no vision-tower layers of patch rows: the atlas does not apply)
+VLMS = [a.tiny for a in tiny_architectures() if a.is_multimodal and not a.cross_attention_layers]
 REAL = ["HuggingFaceTB/SmolVLM2-2.2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct",
         "llava-hf/llava-onevision-qwen2-0.5b-ov-hf", "google/gemma-3-4b-it", "google/paligemma2-3b-pt-224",
         "OpenGVLab/InternVL3-1B-hf", "HuggingFaceM4/idefics2-8b", "HuggingFaceM4/Idefics3-8B-Llama3",
         "CohereLabs/aya-vision-8b", "zai-org/GLM-4.1V-9B-Thinking", "llava-hf/llava-1.5-7b-hf",
         "llava-hf/llava-v1.6-mistral-7b-hf", "Qwen/Qwen2-VL-2B-Instruct", "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
         "Qwen/Qwen3-VL-30B-A3B-Instruct", "deepseek-community/deepseek-vl-1.3b-chat",
-        "deepseek-community/Janus-Pro-1B"]
+        "deepseek-community/Janus-Pro-1B", "LiquidAI/LFM2-VL-1.6B"]
 N = 2
 
 

@@ -221,6 +221,10 @@ def test_vision_tower_sites_batch_like_the_rest(name, tmp_path):
   vscale: {interventions: [{kind: scale, site: vision, factor: 2.0}]}
   vlayer: {interventions: [{kind: scale, site: vision_layer, layers: [0], factor: 0.5}]}
   merger: {interventions: [{kind: scale, site: projector.merger, positions: vision, factor: 0.5}]}"""
+    if not model_info(name).arch.vision_layers:   # Mllama declares none (refused: tests/test_mllama.py)
+        conditions = conditions.replace("\n  vlayer: {interventions: [{kind: scale, site: vision_layer, layers: [0], "
+                                        "factor: 0.5}]}", "")
+    tower = "{site: vision_layer}, " if model_info(name).arch.vision_layers else ""
     stores = {}
     for batch in (1, 8):
         stores[batch] = tmp_path / f"b{batch}.zarr"
@@ -229,12 +233,12 @@ name: batching-vision
 models: [{name}]
 data: {{source: builtin, n: 2}}
 conditions:{conditions}
-capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {{site: vision_layer}}, {{site: embed_table}}, {{site: logits}}]
+capture: [{{site: layer, layers: [0]}}, {{site: vision}}, {tower}{{site: embed_table}}, {{site: logits}}]
 backend: {{batch_size: {batch}, dtype: float32, device: cpu}}
 store: {{path: {stores[batch]}}}
 """)
     a, _ = assert_stores_match(stores[1], stores[8], name)
-    assert {"vision", "vision_hidden", "embed_table_norms"} <= set(a.data_vars)
+    assert {"vision", "embed_table_norms"} | ({"vision_hidden"} if tower else set()) <= set(a.data_vars)
 
 
 # -- rows of different samples in one forward (right padding) ------------------------------------
@@ -291,6 +295,8 @@ def padded_spec(name: str, store: Path, batch_size: int, data: str) -> str:
     # refuses it; test_vision_tower_sites_batch_like_the_rest batches them across samples)
     arch = model_info(name).arch
     vision = ", {site: vision}, {site: vision_layer}" if arch.is_multimodal and not arch.deepstack else ""
+    if not arch.vision_layers:   # Mllama declares none (refused: tests/test_mllama.py)
+        vision = vision.replace(", {site: vision_layer}", "")
     return f"""\
 name: padded-{name}
 models: [{name}]
@@ -363,7 +369,12 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
         _results_equal(result, alone, sample.id)
 
 
-PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(name, marks=pytest.mark.slow)
+# Mllama's (batch, token, image, tile) cross_attention_mask is never padded: its rows of other
+# lengths never share a forward (`backends.local.pad_requirements`), so no row of it is padded
+UNPADDED = {"tiny-mllama": "Mllama's 4-D cross_attention_mask is not padded: rows of other lengths run apart"}
+PAD_FAMILIES = [name if name in ("tiny-qwen3vl", "tiny-paligemma", "tiny-llama") else pytest.param(
+                    name, marks=[pytest.mark.slow] + ([pytest.mark.xfail(strict=True, reason=UNPADDED[name])]
+                                                      if name in UNPADDED else []))
                 for name in (a.tiny for a in tiny_architectures())]
 
 

@@ -21,6 +21,10 @@ def test_check_passes_and_prints_the_measured_differences(workbench_cache, name,
     assert "PASS  residual stream = plain forward pre-hooks: max |difference| 0.00e+00" in out
     if name == "tiny-llama":
         assert "N/A   alpha = 1 equals the baseline" in out
+    elif name == "tiny-mllama":   # cross-attention: no vision positions, the image's K/V checked instead
+        assert "PASS  image marker labelled boundary, no vision positions" in out
+        assert "PASS  cross-attention K/V = a plain forward's cache: max |difference| 0.00e+00" in out
+        assert "PASS  alpha = 1 equals the baseline" in out
     else:
         assert "PASS  vision tokens = image-token positions" in out and "PASS  alpha = 1 equals the baseline" in out
 

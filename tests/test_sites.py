@@ -21,7 +21,8 @@ TINY = [a.tiny for a in tiny_architectures()]
 # written here, not read from the registry: the module whose output each branch adds to the
 # residual stream. Gemma-3 and GLM-4V are peri-LN (a norm after each branch); every other family is pre-LN.
 PERI_LN = {"gemma3": {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
-           "glm4v": {"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"}}
+           "glm4v": {"attn_out": "post_self_attn_layernorm", "mlp_out": "post_mlp_layernorm"},
+           "lfm2_vl": {"mlp_out": "feed_forward"}}   # pre-LN, its MLP named feed_forward
 PRE_LN = {"attn_out": "self_attn", "mlp_out": "mlp"}
 
 
@@ -39,11 +40,12 @@ def _first(output):
     return output if isinstance(output, torch.Tensor) else output[0]
 
 
-def hooked_outputs(model, path, encoding):
-    """Each decoder layer's submodule `path` output (batch row 0) with plain forward hooks:
-    (token, layer, width)."""
+def hooked_outputs(model, path, encoding, only=None):
+    """Each decoder layer's (or each of `only`'s) submodule `path` output (batch row 0) with plain
+    forward hooks: (token, layer, width)."""
     seen = []
     layers = model.hf.get_submodule(model.arch.decoder_layers)
+    layers = [layers[l] for l in only] if only is not None else layers
     hooks = [layer.get_submodule(path).register_forward_hook(
         lambda m, args, out: seen.append(_first(out)[0].detach().clone())) for layer in layers]
     try:
@@ -56,9 +58,16 @@ def hooked_outputs(model, path, encoding):
     return torch.stack(seen, dim=1).float().numpy()
 
 
+def _layers(model):
+    """The decoder layers the attention sites exist at (Mllama: not its cross-attention layers;
+    LFM2: not its convolutions)."""
+    layers = model.info.attention_layers
+    return tuple(range(model.n_layers)) if layers is None else layers
+
+
 def _captured(model, inputs, sites, residual=True):
     n = model.n_layers
-    outputs = tuple(LayerOutputCapture(s, tuple(range(n + 1)) if s == "layer.pre_deepstack" else tuple(range(n)))
+    outputs = tuple(LayerOutputCapture(s, tuple(range(n + 1)) if s == "layer.pre_deepstack" else _layers(model))
                     for s in sites)
     plan = ModelPlan(model.info, [], CapturePlan(residual=ResidualCapture(tuple(range(n + 1))) if residual else None,
                                                  outputs=outputs))
@@ -72,9 +81,9 @@ def test_branch_outputs_and_keys_pre_match_plain_hooks(load_tiny, name):
     stored = _captured(model, inputs, ("keys_pre", "attn_out", "mlp_out"), residual=False)
     modules = {**PRE_LN, **PERI_LN.get(model.arch.family, {}), "keys_pre": "self_attn.k_proj"}
     for site, path in modules.items():
-        reference = hooked_outputs(model, path, inputs.encoding)
+        reference = hooked_outputs(model, path, inputs.encoding, _layers(model))
         assert stored[site].shape == reference.shape, site
-        assert stored[site].shape[:2] == (inputs.n_tokens, model.n_layers)
+        assert stored[site].shape[:2] == (inputs.n_tokens, len(_layers(model)))
         np.testing.assert_allclose(stored[site], reference, atol=1e-5, rtol=0, err_msg=site)
 
 
@@ -90,8 +99,9 @@ def test_branches_sum_to_the_next_residual(load_tiny, name):
     stored = _captured(model, inputs, sites)
     h = stored["hidden"]
     following = stored["hidden_pre_deepstack"] if deepstack else h
-    total = h[:, :-1] + stored["attn_out"] + stored["mlp_out"]
-    np.testing.assert_allclose(total, following[:, 1:], atol=1e-5, rtol=0)
+    layers = np.asarray(_layers(model))
+    total = h[:, layers] + stored["attn_out"] + stored["mlp_out"]
+    np.testing.assert_allclose(total, following[:, layers + 1], atol=1e-5, rtol=0)
     # the branches are not negligible: the identity can fail
     assert np.abs(stored["attn_out"]).max() > 1e-3 and np.abs(stored["mlp_out"]).max() > 1e-3
 

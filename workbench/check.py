@@ -8,6 +8,10 @@ and compares what the workbench reads with independent computations:
   image token id;
 - α = 1: scaling the projector output by 1 leaves every layer exactly as the baseline.
 
+A cross-attention family (Mllama) keeps its image out of the token sequence: its labels are
+checked to hold no vision position (the image marker is a boundary), and its cross-attention K/V
+(site `cross_kv`) against the cache a plain transformers forward builds.
+
 Each check reports PASS or FAIL with the measured difference (N/A where it does not apply, e.g.
 the image checks on a text-only model).
 
@@ -105,16 +109,63 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
         results.append(CheckResult("alpha = 1 equals the baseline", "N/A", "no projector"))
         return results
     ids = np.asarray(inputs.input_ids)
+    if model.arch.cross_attention_layers:
+        results += _cross_attention_checks(model, inputs, plan, int(image_token))
+        results.append(_alpha_one(model, by_image, plan, ours))
+        return results
     expected, labelled = int((ids == int(image_token)).sum()), int((inputs.modality == "vision").sum())
     results.append(CheckResult(
         "vision tokens = image-token positions", "PASS" if expected == labelled and expected > 0 else "FAIL",
         f"{labelled} labelled vision, {expected} positions hold the config's image token id {image_token}"))
 
+    results.append(_alpha_one(model, by_image, plan, ours))
+    return results
+
+
+def _alpha_one(model: Any, by_image: dict[str, Any], plan: Any, baseline: np.ndarray) -> CheckResult:
+    from .backends.local import run_condition
+    from .interventions.scale import Scale
+    from .plan import ConditionPlan
+
     one = ConditionPlan("scale[alpha=1.0]", {"alpha": 1.0}, "real", (Scale("projector", "vision", factor=1.0),))
     scaled = run_condition(model, by_image, one, plan).tokens["hidden"]
-    diff = float(np.abs(scaled - ours).max())
-    results.append(CheckResult("alpha = 1 equals the baseline", "PASS" if diff == 0 else "FAIL",
-                               f"max |difference| {diff:.2e} over every layer"))
+    diff = float(np.abs(scaled - baseline).max())
+    return CheckResult("alpha = 1 equals the baseline", "PASS" if diff == 0 else "FAIL",
+                       f"max |difference| {diff:.2e} over every layer")
+
+
+def _cross_attention_checks(model: Any, inputs: Any, plan: Any, image_token: int) -> list[CheckResult]:
+    """The labels hold no vision position (the marker is a boundary); `cross_kv` equals the K/V
+    that a plain forward leaves in its cache at each cross-attention layer."""
+    import torch
+
+    from .backends.local import run_condition
+    from .plan import ConditionPlan
+    from .sites.cross_kv import CrossKVCapture
+
+    markers = np.asarray(inputs.input_ids) == image_token
+    vision = int((inputs.modality == "vision").sum())
+    marked = bool(markers.any()) and bool((inputs.modality[markers] == "boundary").all())
+    results = [CheckResult("image marker labelled boundary, no vision positions", "PASS" if marked and not vision
+                           else "FAIL", f"{vision} positions labelled vision; {int(markers.sum())} image markers "
+                           f"(id {image_token}) labelled {sorted(map(str, set(inputs.modality[markers])))}")]
+    layers = tuple(model.info.cross_attention_layers)
+    captured = plan.capture.replace(residual=None, outputs=(CrossKVCapture(layers),))
+    ours = run_condition(model, {"real": inputs}, ConditionPlan("baseline", {}, "real", ()),
+                         plan.replace(capture=captured)).patches
+    model.prepare()
+    with torch.inference_mode():
+        cache = model.hf(**inputs.encoding, use_cache=True).past_key_values
+    diffs = []
+    for i, l in enumerate(layers):
+        for name, part in (("cross_keys", "keys"), ("cross_values", "values")):
+            reference = getattr(cache.layers[l], part)[0].transpose(0, 1).float().cpu().numpy()
+            mine = ours[name][:, i] if name in ours else None
+            diffs.append(float(np.abs(mine - reference).max()) if mine is not None and mine.shape == reference.shape
+                         else float("inf"))
+    diff = max(diffs)
+    results.append(CheckResult("cross-attention K/V = a plain forward's cache", "PASS" if diff <= RESIDUAL_TOLERANCE
+                               else "FAIL", f"max |difference| {diff:.2e} over cross-attention layers {list(layers)}"))
     return results
 
 

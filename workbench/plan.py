@@ -133,7 +133,50 @@ class _Checker:
         index = site_entry(site).index
         if index == "vision_layer":
             return self.info.n_vision_layers - 1
-        return self.info.n_layers - (index == "decoder_layer")
+        return self.info.n_layers - (index in ("decoder_layer", "cross_layer"))
+
+    def layer_kinds(self, site: str, value: Any, layers: tuple[int, ...], path: SpecPath) -> tuple[int, ...]:
+        """`layers` where `site` exists on this model (`site_layers`): `all` keeps those, a listed
+        layer of another kind is a problem naming why it lacks the site."""
+        kinds = site_layers(self.info, site)
+        if kinds is None:
+            return layers
+        allowed, why = kinds
+        bad = [l for l in layers if l not in allowed]
+        if bad and value not in (None, "all"):
+            self.add(path, f"{self.info.arch.family}'s decoder layers {bad} {why}: no {site!r} there; expected "
+                     f"layers among {', '.join(map(str, allowed)) or '(none)'}")
+        return tuple(l for l in layers if l in allowed)
+
+
+# sites read inside a decoder layer's self-attention (its cache, its attention call, its output)
+SELF_ATTENTION_SITES = ("keys", "values", "keys_pre", "attention", "attn_out")
+
+
+def site_layers(info: Any, site: str) -> tuple[tuple[int, ...], str] | None:
+    """The decoder layers where a per-layer `site` exists on this model, and why the others lack
+    it; None: at every layer. A cross-attention family's cross-attention layers hold the image's
+    K/V (`cross_kv`) and gated branches, its other layers every decoder-layer site; a hybrid's
+    non-attention layers (LFM2's short convolutions) have no self-attention sites."""
+    index = "kv_swap" if site == "kv_swap" else site_entry(site).index
+    cross = tuple(info.cross_attention_layers)
+    if index == "cross_layer":
+        return cross, "self-attend over the text (the image's K/V are at the cross-attention layers)"
+    if index == "kv_swap":
+        if cross:
+            return cross, "self-attend over the text: a KV swap takes the cross-attention KV of the donor's image"
+        return site_layers(info, "keys")
+    if index != "decoder_layer" or info.attention_layers is None:
+        return None
+    if cross:
+        return tuple(info.attention_layers), ("cross-attend to the image (their K/V are the site 'cross_kv'; "
+                                              "their branches are tanh-gated, not the modules' outputs)")
+    # every decoder-layer site, not only the self-attention ones: a store keeps one
+    # `decoder_layer` coordinate, which `keys` and `mlp_out` of one spec must share
+    kinds = getattr(info.arch, "layer_types", None) or "layer types"
+    what = "no self-attention, no KV cache there" if site in SELF_ATTENTION_SITES else "the decoder-layer sites " \
+        "take the attention layers, so every decoder_layer variable of a store shares them"
+    return tuple(info.attention_layers), f"are not attention layers (the config's {kinds}): {what}"
 
 
 def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
@@ -154,6 +197,8 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             continue
         layers = (check.layers(item.layers, path + ("layers",), check.layer_range(item.site),
                                vision=entry.index == "vision_layer") if entry.index else None)
+        if layers is not None:
+            layers = check.layer_kinds(item.site, item.layers, layers, path + ("layers",))
         if layers is not None and any(entry.index in dims for dims in entry.stores.values()):
             # one coordinate per dim in the store: captures along the same layer dim share it
             first, first_layers = along.setdefault(entry.index, (i, layers))
@@ -194,6 +239,8 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
         index = site_entry(raw.site).index
         layers = (check.layers(getattr(raw, "layers", "all"), path + ("layers",), check.layer_range(raw.site),
                                vision=index == "vision_layer") if index else None)
+        if layers is not None:
+            layers = check.layer_kinds(raw.site, getattr(raw, "layers", "all"), layers, path + ("layers",))
         for subpath, message in kind.check(raw, check.info) if kind.check else ():
             check.add(path + tuple(subpath), message)
         items.append(build_intervention(kind, raw, layers))
@@ -290,6 +337,9 @@ def _compile_condition(instance: Any, info: Any, capture: CapturePlan, images: d
                       "prefix: a KV swap (prefill all but the last token, then decode it) would compute "
                       "another model; expected no kv_swap for this model")
         layers = check.layers(swap.layers, base + ("kv_swap", "layers"), info.n_layers - 1)
+        layers = check.layer_kinds("kv_swap", swap.layers, layers, base + ("kv_swap", "layers"))
+        if info.cross_attention_layers:
+            _cross_kv_swap(instance, images, check, base + ("kv_swap",))
         positions = swap.positions if isinstance(swap.positions, str) else tuple(swap.positions)
         kv_swap = KVSwapPlan(swap.donor, positions, layers, tuple(swap.parts))
         if not capture.decoding:
@@ -301,6 +351,18 @@ def _compile_condition(instance: Any, info: Any, capture: CapturePlan, images: d
         if needs_source(item) and images.get(item.source) != instance.image and "none" in (images.get(item.source), instance.image):
             check.add(base + ("interventions",), f"source {item.source!r} has another token sequence; expected the same image mode")
     return ConditionPlan(instance.name, dict(instance.sweep), instance.image, items, kv_swap)
+
+
+def _cross_kv_swap(instance: Any, images: dict[str, str], check: _Checker, path: SpecPath) -> None:
+    """A cross-attention family's KV swap takes every vision token's K/V of the donor's image at
+    the cross-attention layers: both runs need an image, and no text positions are chosen."""
+    swap, family = instance.kv_swap, check.info.arch.family
+    if "none" in (instance.image, images[swap.donor]):
+        check.add(path, f"{family}'s KV swap takes the cross-attention KV of the donor's image, and a run without "
+                  "an image has none; expected this condition and its donor with an image (real or blank)")
+    if swap.positions not in ("vision", "all"):
+        check.add(path + ("positions",), f"{family}'s image is not in the token sequence: a KV swap takes the K/V "
+                  "of every vision token at the cross-attention layers; expected vision")
 
 
 class PlanConditions:

@@ -92,7 +92,8 @@ def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
     connector reads it) or one connector part's output scaled; plus the residual stream."""
     hf, arch = model.hf, model.arch
     layers, vision, handles = [], [], []
-    for layer in modules(hf, arch.vision_layers)[0]:
+    tower_layers = modules(hf, arch.vision_layers)[0] if arch.vision_layers else []  # none declared: Mllama
+    for layer in tower_layers:
         handles.append(layer.register_forward_hook(lambda m, a, o: layers.append(_main(o).detach().clone())))
     path, end = arch.vision_output
     target = modules(hf, path)[0]
@@ -121,8 +122,9 @@ def vision_hooks(model, encoding, scale_vision=None, scale_part=None):
     flat = lambda t: t.reshape(-1, t.shape[-1]).numpy()
     # the rows the connector drops (LLaVA's CLS) are not patches: the capture leaves them out too
     patches = lambda t: t[:, arch.tower_prefix_rows:] if arch.tower_prefix_rows else t
-    return (np.stack([flat(patches(t)) for t in layers[-len(modules(hf, arch.vision_layers)[0]):]], axis=1),
-            flat(vision[-1]), residual)
+    stacked = (np.stack([flat(patches(t)) for t in layers[-len(tower_layers):]], axis=1) if tower_layers
+               else np.zeros((0, 0, 0)))
+    return stacked, flat(vision[-1]), residual
 
 
 # -- activation patching with plain hooks (the `patch` kind's and the scans' oracle) ----------------

@@ -29,7 +29,7 @@ from ..interventions.base import apply_rows, needs_source
 from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
-from ..sites import BatchRow, order, position_index, site, token_rows
+from ..sites import BatchRow, is_projector_site, order, position_index, site, token_rows
 
 
 class RunResult(Record):
@@ -48,11 +48,20 @@ def _cache_kwargs(cache: Any) -> dict[str, Any]:
     return {"past_key_values": cache, "use_cache": True}
 
 
-def _operations(interventions: tuple, readers: list[Any], logits: bool) -> list[tuple[tuple, str, Any, int | None]]:
+def _operations(interventions: tuple, readers: list[Any], logits: bool,
+                vision_first: bool = False) -> list[tuple[tuple, str, Any, int | None]]:
+    """Every edit and read of a forward in execution order. vision_first: the image runs through
+    the tower and the connector before the token embedding (a cross-attention family: transformers
+    5.25 models/mllama/modeling_mllama.py `MllamaModel.forward`), so the embedding's stage sorts
+    after the connector's."""
     ops = [(key, "intervene", item, layer) for item in interventions for key, layer in item.targets()]
     ops += [(key, "read", reader, layer) for reader in readers for key, layer in reader.targets()]
     if logits:
         ops.append((order("logits", None, 1), "logits", None, None))
+    connector = order("projector")[0]
+
+    if vision_first:
+        ops = [((connector + 0.5, *k[1:]) if k[0] == 0 else k, *rest) for k, *rest in ops]
     return sorted(ops, key=lambda op: op[0])
 
 
@@ -98,7 +107,8 @@ def trace_rows(model: ModelLike, encoding: dict[str, Any], rows: list[Row], cach
     units = _image_units(rows) if batched else None
     where_of = [BatchRow(r, len(rows), units, row.length) if batched else None for r, row in enumerate(rows)]
     ops = sorted(((key, r, role, item, layer) for r, row in enumerate(rows)
-                  for key, role, item, layer in _operations(row.interventions, list(row.readers), row.logits)),
+                  for key, role, item, layer in _operations(row.interventions, list(row.readers), row.logits,
+                                                                bool(model.arch.cross_attention_layers))),
                  key=lambda op: (op[0], op[1]))
     if cache is not None:
         kwargs = {**encoding, **_cache_kwargs(cache)}
@@ -182,15 +192,20 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
 
 
 def _swap_kv(cache: Any, donor: Any, positions: np.ndarray, layers: tuple[int, ...],
-             parts: tuple[str, ...] = ("keys", "values")) -> None:
+             parts: tuple[str, ...] = ("keys", "values"), cross: tuple[int, ...] = ()) -> None:
     """Copy the donor cache's `parts` ("keys" and/or "values", the attribute names of a cache
-    layer) at `positions` of `layers` into `cache`; every other entry stays this condition's."""
+    layer) at `positions` of `layers` into `cache`; every other entry stays this condition's.
+    A cross-attention layer's (`cross`: Mllama's) entries are the image's, every row copied."""
     index = torch.as_tensor(positions, dtype=torch.long)
     for l in layers:
         target, source = cache.layers[l], donor.layers[l]
         for part in parts:
             mine = getattr(target, part)
-            mine[:, :, index] = getattr(source, part)[:, :, index].to(mine.device)
+            theirs = getattr(source, part).to(mine.device)
+            if l in cross:
+                mine.copy_(theirs)
+            else:
+                mine[:, :, index] = theirs[:, :, index]
 
 
 def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: ConditionPlan, plan: ModelPlan,
@@ -278,7 +293,12 @@ def pad_requirements(model: ModelLike) -> tuple:
     """Inputs a row needs before it can be padded. PaliGemma (prefix LM) without an image has no
     `token_type_ids`: unpadded, sdpa then runs its prompt with no mask at all (bidirectional, as
     its attention is not causal), which a padding mask would turn causal (measured: 0.07 apart
-    after one layer), so such rows are batched only with rows of their own length."""
+    after one layer), so such rows are batched only with rows of their own length. A
+    cross-attention family's (batch, token, image, tile) `cross_attention_mask` is not padded
+    (`stack_encodings` pads (batch, token) inputs): its rows share forwards of their own length
+    only (a requirement no row meets)."""
+    if model.arch.cross_attention_layers:
+        return ("cross_attention_mask (batch, token, image, tile): not padded",)
     return ("token_type_ids",) if model.arch.prefix_lm else ()
 
 
@@ -297,7 +317,8 @@ def _edit_kinds(condition: ConditionPlan) -> set[str]:
 
 
 def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token: tuple = PER_TOKEN,
-               max_padded: int | None = None, pad_requires: tuple = (), deepstack: bool = False) -> list[list[int]]:
+               max_padded: int | None = None, pad_requires: tuple = (), deepstack: bool = False,
+               packed: bool = False) -> list[list[int]]:
     """(inputs by image, condition) jobs, of one sample or of consecutive samples of one model,
     grouped into forwards of at most `batch_size` rows (job indices, each group in job order).
 
@@ -306,13 +327,17 @@ def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token
     max_padded: rows of different lengths only up to this many tokens (a sliding-window cache
     would drop a padded row's real keys in decode steps), else equal lengths only; pad_requires:
     see `stack_key`; deepstack: the family has DeepStack mergers (`_edit_kinds`: a row editing
-    them and a row editing the tower never share a forward). Groups run in
+    them and a row editing the tower never share a forward); packed: the connector runs every
+    image of a forward as one row (`Architecture.packed_connector`), so a row editing it runs
+    alone. Groups run in
     the order they were opened, and a job never joins a group opened before one that already
     holds its condition: each condition's samples reach the store in job order."""
     groups: list[dict[str, Any]] = []
     for i, (inputs_by_image, condition) in enumerate(jobs):
         inputs = inputs_by_image[condition.image]
-        key = None if condition.kv_swap is not None or batch_size <= 1 else stack_key(inputs, per_token, pad_requires)
+        alone = condition.kv_swap is not None or batch_size <= 1 or (
+            packed and any(is_projector_site(item.site) for item in condition.interventions))
+        key = None if alone else stack_key(inputs, per_token, pad_requires)
         kinds = _edit_kinds(condition) if deepstack else set()
         target = None
         for group in (reversed(groups) if key is not None else ()):
@@ -335,18 +360,25 @@ def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token
 
 
 def batches(inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], batch_size: int,
-            per_token: tuple = PER_TOKEN, deepstack: bool = False) -> list[list[ConditionPlan]]:
+            per_token: tuple = PER_TOKEN, deepstack: bool = False, packed: bool = False) -> list[list[ConditionPlan]]:
     """One sample's `conditions` grouped into forwards of at most `batch_size` rows (`group_rows`):
     its conditions with an image share one token sequence (real and blank alike), so one
     sample's rows are never padded."""
-    groups = group_rows([(inputs_by_image, c) for c in conditions], batch_size, per_token, deepstack=deepstack)
+    groups = group_rows([(inputs_by_image, c) for c in conditions], batch_size, per_token, deepstack=deepstack,
+                        packed=packed)
     return [[conditions[i] for i in group] for group in groups]
 
 
 def padding_limit(model: ModelLike, captures: CapturePlan) -> int | None:
     """The longest padded prompt a forward may hold (`group_rows`' max_padded): decode steps after
     a right-padded prompt must find every real key in the cache, which a sliding-window layer
-    keeps only for its last `sliding_window` positions. None: no limit."""
+    keeps only for its last `sliding_window` positions. None: no limit. A hybrid with convolution
+    layers (LFM2) pads nothing before decode steps: a right-padded row's convolution state would
+    hold its pads, not its last tokens (0: equal lengths only)."""
+    info = getattr(model, "info", None)
+    if captures.decoding and info is not None and info.attention_layers is not None \
+            and not info.cross_attention_layers:
+        return 0
     config = getattr(getattr(model, "hf", None), "config", None)
     text = config.get_text_config() if config is not None else None
     window = getattr(text, "sliding_window", None)
@@ -421,7 +453,7 @@ def run_conditions(model: ModelLike, inputs_by_image: dict[str, Any], conditions
     result equals its unbatched `run_condition` (to float rounding)."""
     results = {}
     for group in batches(inputs_by_image, conditions, batch_size, model.arch.per_token_keys,
-                         model.arch.deepstack):
+                         model.arch.deepstack, model.arch.packed_connector):
         for condition, result in zip(group, run_batch(model, inputs_by_image, group, plan, on_trace)):
             results[condition.name] = result
     return {c.name: results[c.name] for c in conditions}
@@ -495,7 +527,8 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
     donor_head = _truncate(donor_inputs, n - 1, model.arch.per_token_keys)
     donor_cache = trace(model, donor_head.encoding, donor_head, donor_items, keep_cache=True,
                         on_trace=on_trace).pop("cache")
-    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts)
+    _swap_kv(cache, donor_cache, position_index(swap.positions, inputs.modality[: n - 1]), swap.layers, swap.parts,
+             tuple(model.info.cross_attention_layers))
     last = torch.as_tensor(inputs.input_ids[-1])
     # the vision tower ran in the head: the one-token tail has nothing of it to read
     tail_readers = [r for r in readers if not getattr(r, "prompt_only", False)]

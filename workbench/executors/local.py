@@ -55,7 +55,7 @@ class LocalExecutor:
         jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
         groups = group_rows([(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
                             model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
-                            model.arch.deepstack)
+                            model.arch.deepstack, model.arch.packed_connector)
         # source values (a patch's donor) read once per sample and kept while its runs last
         # (`backends.local._site_values`); `jobs` holds every sample's inputs, so ids stay unique
         memo = want_sources([(inputs, condition) for _, inputs, condition in jobs], {})

@@ -49,13 +49,19 @@ class ModelInfo(Record):
     (the vision tower's depth; 0 for a text model), kv_heads and head_dim (the stored `keys`,
     `values` and `keys_pre` flatten (kv_heads, head_dim), heads first: `analyses.kv.per_head`),
     logit_scale and logit_softcap (what the model's forward does to the head's output, read from
-    the config where the family declares them: `Architecture.logit_scale`, `logit_softcap`)."""
+    the config where the family declares them: `Architecture.logit_scale`, `logit_softcap`),
+    attention_layers (the decoder layers that self-attend; None: every one) and
+    cross_attention_layers (those that cross-attend to the image instead: Mllama's), read from the
+    config where the family names them (`Architecture.layer_types`, `.cross_attention_layers`)."""
 
     _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers", "kv_heads",
-               "head_dim", "logit_scale", "logit_softcap")
-    _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None, "logit_scale": 1.0, "logit_softcap": None}
+               "head_dim", "logit_scale", "logit_softcap", "attention_layers", "cross_attention_layers")
+    _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None, "logit_scale": 1.0, "logit_softcap": None,
+                 "attention_layers": None, "cross_attention_layers": ()}
     logit_scale: float
     logit_softcap: float | None
+    attention_layers: tuple[int, ...] | None
+    cross_attention_layers: tuple[int, ...]
 
     def head_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The model's logits from `lm_head`'s output, as its forward makes them (Cohere's scale,
@@ -139,7 +145,21 @@ def info_from_config(model_id: str, path: str, config: Any, arch: Architecture) 
         n_vision_layers=vision_depth(config, arch),
         **kv_shape(text),
         **head_transform(text, arch),
+        **layer_kinds(text, arch),
     )
+
+
+def layer_kinds(text: Any, arch: Architecture) -> dict[str, Any]:
+    """{attention_layers, cross_attention_layers} of a text config, where the family's layers are
+    not all self-attention layers (see `ModelInfo`)."""
+    n = int(text.num_hidden_layers)
+    if arch.cross_attention_layers:
+        cross = tuple(sorted(int(l) for l in getattr(text, arch.cross_attention_layers)))
+        return {"attention_layers": tuple(l for l in range(n) if l not in cross), "cross_attention_layers": cross}
+    if arch.layer_types:
+        kinds = list(getattr(text, arch.layer_types))
+        return {"attention_layers": tuple(l for l, kind in enumerate(kinds) if kind in arch.attention_types)}
+    return {}
 
 
 def kv_shape(text: Any) -> dict[str, int]:
@@ -292,14 +312,16 @@ class InputEncoder:
         """The modality of every position: this is where a token's modality is decided.
 
         `vision`: image placeholders (they carry the image features); `boundary`: the tokens that
-        frame an image (`<fake_token_around_image>`, `<row_i_col_j>`, `<|vision_start|>`, ...);
-        `text`: everything else, chat-template tokens included."""
+        frame an image (`<fake_token_around_image>`, `<row_i_col_j>`, `<|vision_start|>`, ...), and a
+        cross-attention family's image marker (Mllama's `<|image|>`: its features never enter the
+        sequence); `text`: everything else, chat-template tokens included."""
         ids = np.asarray(input_ids)
         modality = np.full(ids.shape, "text", dtype="<U8")
         if self._boundary_ids:
             modality[np.isin(ids, list(self._boundary_ids))] = "boundary"
         if self.image_token_id is not None:
-            modality[ids == self.image_token_id] = "vision"
+            # a cross-attention family's image token is a marker: the image is never in the sequence
+            modality[ids == self.image_token_id] = "boundary" if self.arch.cross_attention_layers else "vision"
         return modality
 
     def _find_boundary_ids(self) -> set[int]:

@@ -221,6 +221,17 @@ def residual_envoy(model: ModelLike, layer: int) -> Any:
     return model.module(model.arch.final_norm)[0]
 
 
+def running_layer(model: ModelLike, layer: int, inputs: Any) -> int:
+    """The residual index whose envoy's input holds `layer`'s stream in this forward: itself, but
+    for a cross-attention layer in a run without an image, which does not run (transformers 5.25
+    models/mllama/modeling_mllama.py `MllamaTextModel.forward`) and so passes the stream on
+    unchanged to the next running layer."""
+    if "pixel_values" not in inputs.encoding:
+        while layer in model.info.cross_attention_layers:
+            layer += 1
+    return layer
+
+
 def site_modules(model: ModelLike, name: str) -> dict[str, Any]:
     """{"path#i": envoy} of the modules whose outputs a `modules` site edits: the whole projector
     (all its modules), the merger alone, or one declared connector part."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..models.protocol import ModelLike
 from ..records import Record
-from .base import Site, order, register_site, residual_envoy, token_rows
+from .base import Site, order, register_site, residual_envoy, running_layer, token_rows
 from .readers import saved_copy
 
 
@@ -20,7 +20,7 @@ class ResidualCapture(Record):
         return [(order("layer", l, 1), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
-        hidden = token_rows(residual_envoy(model, layer).input, row)
+        hidden = token_rows(residual_envoy(model, running_layer(model, layer, inputs)).input, row)
         saved.setdefault(("hidden", layer), []).append(saved_copy(hidden[0]))
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..records import Record
-from .base import Site, read_order, register_site, residual_envoy, token_rows
+from .base import Site, read_order, register_site, residual_envoy, running_layer, token_rows
 from .readers import saved_copy
 
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
@@ -36,7 +36,7 @@ class LogitLensCapture(Record):
 
     def read(self, model: Any, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
         import torch
-        hidden = token_rows(residual_envoy(model, layer).input, row)[0]
+        hidden = token_rows(residual_envoy(model, running_layer(model, layer, inputs)).input, row)[0]
         norm, head = model.module(model.arch.final_norm)[0], model.module(model.arch.lm_head)[0]
         logprobs = torch.log_softmax(model.info.head_logits(head(norm(hidden))).to(torch.float32), dim=-1)
         top = torch.topk(logprobs, min(self.k, logprobs.shape[-1]), dim=-1)

@@ -13,10 +13,15 @@ def tensor(model: ModelLike, layer: int | None) -> Any:
     return first_tensor(model.module(model.arch.vision_layers)[0][layer].output)
 
 
+def check(arch: Any) -> str | None:
+    return None if arch.vision_layers else (f"{arch.family} declares no vision-tower layers whose rows are its "
+                                            "patches; expected vision (the tower's output)")
+
+
 def capture(plan: Any, layers: tuple[int, ...]) -> None:
     plan.outputs += (PatchCapture("vision_layer", layers),)
 
 
 register_site(Site("vision_layer", 1, index="vision_layer", vision=True,
                    stores={"vision_hidden": ("vision_patch", "vision_layer", "vision_dim")}, editable=True,
-                   access="patches", tensor=tensor, capture=capture))
+                   access="patches", tensor=tensor, capture=capture, check=check))

@@ -12,12 +12,12 @@ Shipped to NDIF servers with the plan: imports only workbench modules that obey 
 from __future__ import annotations
 
 from . import aya_vision, gemma3, glm4v, idefics2, idefics3, internvl, llama, llava_onevision, paligemma, qwen2_5_vl, qwen3vl, smolvlm
-from . import deepseek_vl, janus, llava, llava_next, mistral3, qwen2_vl, qwen3_vl_moe
+from . import deepseek_vl, janus, lfm2_vl, llava, llava_next, mistral3, mllama, qwen2_vl, qwen3_vl_moe
 from .base import Architecture, PatchGeometry, is_boundary_token, no_positions
 
 # The registered family modules, in the order tables list them.
 FAMILIES = (smolvlm, qwen3vl, llama, qwen2_5_vl, llava_onevision, gemma3, internvl, idefics2, paligemma, idefics3,
-            aya_vision, glm4v, llava, llava_next, qwen2_vl, mistral3, qwen3_vl_moe, deepseek_vl, janus)
+            aya_vision, glm4v, llava, llava_next, qwen2_vl, mistral3, qwen3_vl_moe, deepseek_vl, janus, mllama, lfm2_vl)
 
 ARCHITECTURES: tuple[Architecture, ...] = tuple(a for family in FAMILIES for a in family.ARCHITECTURES)
 

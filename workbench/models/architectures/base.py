@@ -88,6 +88,16 @@ class Architecture(Record):
     router_logits: the index of the logits (tokens, experts) in the router's output tuple
     geometry: where each vision token sits in the image (a `PatchGeometry`: a layout, or
       `no_positions(reason)`); every multimodal family declares one (None: a text model)
+    cross_attention_layers: text-config attribute listing the decoder layers that cross-attend to
+      the image (Mllama: `cross_attention_layers`); None: the image enters the token sequence. With
+      it the image never enters the residual stream: the image token is a marker (labelled
+      boundary), the image's K/V are those layers' cache entries (site `cross_kv`), and `kv_swap`
+      swaps them (the cross-attention KV from the donor image)
+    layer_types: text-config attribute naming each decoder layer's kind (LFM2: `layer_types`);
+      layers whose kind is not in `attention_types` have no self-attention (LFM2's short
+      convolutions): no KV cache, no attention, keys or attn_out there. None: every layer attends
+    packed_connector: the connector runs every image of a batch as one row (LFM2-VL's projector
+      reads one grid of all images' patches), so a row editing it runs in a forward of its own
     tiny: name of the tiny offline model of this family (None: none); client: the client-only
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
@@ -97,7 +107,8 @@ class Architecture(Record):
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
                "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "logit_scale", "logit_softcap",
-               "router", "router_logits", "geometry", "hub_id", "tiny", "client")
+               "router", "router_logits", "geometry", "cross_attention_layers", "layer_types", "attention_types",
+               "packed_connector", "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
                  "projector": (), "projector_merger": None, "image_token": None,
                  "boundary_tokens": (), "boundary_patterns": (), "text_config": "text_config",
@@ -107,7 +118,9 @@ class Architecture(Record):
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
                  "logit_scale": None, "logit_softcap": None, "router": None, "router_logits": 0,
-                 "geometry": None, "hub_id": None, "tiny": None, "client": None}
+                 "geometry": None, "cross_attention_layers": None, "layer_types": None,
+                 "attention_types": ("full_attention", "sliding_attention"), "packed_connector": False,
+                 "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
     family: str
@@ -122,6 +135,10 @@ class Architecture(Record):
     router: str | None
     router_logits: int
     geometry: PatchGeometry | None
+    cross_attention_layers: str | None
+    layer_types: str | None
+    attention_types: tuple[str, ...]
+    packed_connector: bool
 
     @property
     def is_multimodal(self) -> bool:
