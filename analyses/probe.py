@@ -264,7 +264,8 @@ def probe_results(ds: xr.Dataset, label: str = "category", where: str | None = N
     dims = ("condition", "group", "layer")
     coords = {"condition": np.array(lay.conditions, dtype=str), "group": np.array(GROUPS, dtype=str), "layer": layers,
               "class": np.array(classes, dtype=str), "fold": np.arange(n_splits), **lay.sweep_coords()}
-    data = {name: ((*dims, "fold"), scores[i]) for i, name in enumerate(SCORES)}
+    data: dict[str, tuple[tuple[str, ...], np.ndarray]] = {
+        name: ((*dims, "fold"), scores[i]) for i, name in enumerate(SCORES)}
     data["weight"] = ((*dims, "class", "dim"), weight)
     data["bias"] = ((*dims, "class"), bias)
     data["n_probed"] = (("condition", "group"), counts)
@@ -307,7 +308,7 @@ def probe_direction(results: xr.Dataset, layer: int, klass: str, condition: str 
                               ("condition", condition, results.condition.values), ("group", group, GROUPS)):
         if value not in [type(value)(h) for h in held]:
             raise KeyError(f"{name}: no {value!r} in the probe; expected one of {', '.join(str(h) for h in held)}")
-    w = np.asarray(results["weight"].sel(condition=condition, group=group, layer=layer, **{"class": klass}).values,
+    w = np.asarray(results["weight"].sel({"condition": condition, "group": group, "layer": layer, "class": klass}).values,
                    dtype=np.float64)
     norm = float(np.linalg.norm(w))
     if not np.isfinite(norm) or norm == 0:
