@@ -81,6 +81,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "the answer's log-prob (default: kl)")
     parser.add_argument("--tokens", type=_token_pair, metavar="A,B",
                         help="two token ids: the patching metric logit_diff is ln p(A) - ln p(B)")
+    parser.add_argument("--label", metavar="FIELD",
+                        help="per-sample field the `probe` analysis decodes, e.g. category, answer, or a field of "
+                             "the data's JSONL (default: category)")
+    parser.add_argument("--where", metavar="FIELD=VALUE",
+                        help="probe only the samples whose FIELD is VALUE, e.g. category=color")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
@@ -158,6 +163,24 @@ def check_arguments(args: argparse.Namespace) -> None:
         if sample not in held:
             raise BadInputError(f"--samples[{i}]: no sample {sample!r} in {args.store}{did_you_mean(sample, held)}; "
                                 f"expected one of {', '.join(held[:10])}{' ...' if len(held) > 10 else ''}")
+    _check_fields(args, chosen)
+
+
+def _check_fields(args: argparse.Namespace, chosen: list) -> None:
+    """`--label` and the field of `--where` must be per-sample fields of the store (exit 2 otherwise)."""
+    from workbench.errors import BadInputError
+
+    from .probe import fields, parse_where
+
+    try:
+        kept = parse_where(args.where)
+    except ValueError as err:
+        raise BadInputError(str(err)) from None
+    held = sorted({f for ds in chosen for f in fields(ds)})
+    for option, field in (("--label", args.label), ("--where", kept[0] if kept else None)):
+        if field is not None and field not in held:
+            raise BadInputError(f"{option}: no per-sample field {field!r} in {args.store}{did_you_mean(field, held)}; "
+                                f"expected one of {', '.join(held) or 'none (the store holds no run labels)'}")
 
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +200,8 @@ def _options(args: argparse.Namespace):
 
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, metric=args.metric, tokens=args.tokens, n_resamples=args.resamples, seed=args.seed,
-                   force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), label=args.label or "category",
+                   where=args.where, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 

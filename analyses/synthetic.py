@@ -458,3 +458,40 @@ def synthetic_store_once(path: str | Path, **kwargs) -> SyntheticStore:
     extra = kwargs.get("extra_conditions", ("blank", "none", "hybrid"))
     return SyntheticStore(path, tuple(models), [f"synthetic/{i:03d}" for i in range(first, first + n)], alphas,
                           ["baseline", *[f"alpha={a}" for a in alphas], *extra])
+
+
+def write_probe_store(path: str | Path, n_samples: int = 40, n_layers: int = 3, dim: int = 16, signal: float = 3.0,
+                      signal_from: int = 1, classes: tuple[str, ...] = ("red", "blue"), n_vision: int = 6,
+                      n_text: int = 4, conditions: tuple[str, ...] = ("baseline", "blank"), seed: int = 0,
+                      model_id: str = "syn/probe") -> SyntheticStore:
+    """A store with a planted linear signal (the `probe` analysis's known answer): sample i has the
+    field `colour` = classes[i % len(classes)] (run label `run_colour`, and `run_category` "color"
+    for even samples, "shape" for odd ones); every token's `hidden` is standard normal noise, and
+    under `baseline` the vision tokens of layers >= `signal_from` add `signal` times a fixed unit
+    direction per class (each class its own). Text, boundary tokens, layers below `signal_from` and
+    every other condition (e.g. `blank`) hold noise only: a probe decodes the colour from baseline
+    vision tokens at those layers, and nothing anywhere else."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    directions = _unit(rng.standard_normal((len(classes), dim)))
+    samples = [f"probe/{i:04d}" for i in range(n_samples)]
+    modality = np.array(["text"] * n_text + ["boundary"] + ["vision"] * n_vision + ["boundary"] + ["text"] * 2)
+    n = len(modality)
+    layer = np.arange(n_layers + 1)
+    with StoreWriter(path) as writer:
+        writer.ensure_model(model_id, {"family": "synthetic", "n_layers": n_layers, "hidden_size": dim})
+        for i, sample in enumerate(samples):
+            colour = classes[i % len(classes)]
+            for condition in conditions:
+                hidden = np.random.default_rng([seed, i, sum(map(ord, condition))]).standard_normal((n, n_layers + 1, dim))
+                if condition == "baseline":
+                    hidden[np.ix_(modality == "vision", layer >= signal_from)] += signal * directions[i % len(classes)]
+                labels = {"run_colour": colour, "run_category": "color" if i % 2 == 0 else "shape"}
+                writer.write_sample(model_id, condition, sample, {
+                    "position": Variable(("token",), np.arange(n, dtype=np.int64)),
+                    "modality": Variable(("token",), modality),
+                    "token_id": Variable(("token",), np.arange(n, dtype=np.int64) % 7),
+                    "hidden": Variable(("token", "layer", "dim"), hidden.astype(np.float32), {"layer": layer}),
+                    **{name: Variable(("run",), np.array([text], dtype=object)) for name, text in labels.items()},
+                }, condition_attrs={"image": "blank" if condition == "blank" else "real"})
+    return SyntheticStore(path, (), samples, (), list(conditions))

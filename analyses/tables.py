@@ -54,6 +54,8 @@ class Options:
     force: bool = False             # recompute cached analyses
     samples: tuple[str, ...] = ()   # samples drawn over their images (`image-overlays`; none named: the first few)
     figure_format: str = "png"      # the figures' files: png, svg or pdf (analyses.commands.FIGURE_FORMATS)
+    label: str = "category"         # the per-sample field the probes decode (`run_<label>`)
+    where: str | None = None        # FIELD=VALUE: probe only the samples with that value
     # overrides of the definitions a store holds (workbench.definitions): text_set, average_layers, rank_base
     definitions: dict[str, Any] = field(default_factory=dict)
 
