@@ -61,6 +61,9 @@ class SiteValues(Record):
     """A sequence site's value (`embed` or residual `layer`) at the selected positions, read to
     feed another condition's `patch` or `add` (direction_from)."""
 
+    site: str
+    layers: tuple[int, ...] | None
+    positions: str | tuple[int, ...]
     _fields = ("site", "layers", "positions")
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
@@ -77,6 +80,12 @@ class SiteValues(Record):
 class CapturePlan(Record):
     """Everything one model's runs capture; built by the plan from the spec's `capture` list."""
 
+    residual: ResidualCapture | None
+    attention: AttentionCapture | None
+    kv: CachedKVCapture | None
+    logits: bool
+    max_new_tokens: int
+    outputs: tuple[Any, ...]
     _fields = ("residual", "attention", "kv", "logits", "max_new_tokens", "outputs")
     _defaults = {"residual": None, "attention": None, "kv": None, "logits": False, "max_new_tokens": 1, "outputs": ()}
     _mutable = True

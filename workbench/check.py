@@ -25,6 +25,9 @@ RESIDUAL_TOLERANCE = 1e-4  # float32; bfloat16 models are compared in their own 
 class CheckResult(Record):
     """One check: its name, PASS / FAIL / N/A, and what was measured."""
 
+    name: str
+    status: str
+    detail: str
     _fields = ("name", "status", "detail")
 
 

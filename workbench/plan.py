@@ -7,7 +7,7 @@ spec error, before anything runs or is written.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, overload
 
 from .capture import CapturePlan, PatchCapture
 from .records import Record
@@ -16,6 +16,9 @@ from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
 from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 from .spec.sweeps import unbracketed
+
+if TYPE_CHECKING:
+    from .models.model import ImageMode, ModelInfo
 
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
@@ -40,12 +43,21 @@ class KVSwapPlan(Record):
     of `layers` replace this condition's before the last prompt token runs (see
     `workbench.backends.local`). Its repr, stored in the condition's attrs, says what was swapped."""
 
+    donor: str
+    positions: str | tuple[int, ...]
+    layers: tuple[int, ...]
+    parts: tuple[str, ...]
     _fields = ("donor", "positions", "layers", "parts")
     _defaults = {"parts": ("keys", "values")}
 
 
 class ConditionPlan(Record):
     # name, sweep {variable: value}, image (real | blank | none), interventions, kv_swap
+    name: str
+    sweep: dict[str, Any]
+    image: ImageMode
+    interventions: tuple[Intervention, ...]
+    kv_swap: KVSwapPlan | None
     _fields = ("name", "sweep", "image", "interventions", "kv_swap")
     _defaults = {"interventions": (), "kv_swap": None}
 
@@ -66,6 +78,10 @@ class ConditionPlan(Record):
 class ModelPlan(Record):
     # info (workbench.models.ModelInfo), conditions [ConditionPlan], capture (CapturePlan),
     # batch_size (`backend.batch_size`: conditions per forward, locally and on NDIF alike)
+    info: ModelInfo
+    conditions: PlanConditions | list[ConditionPlan]
+    capture: CapturePlan
+    batch_size: int
     _fields = ("info", "conditions", "capture", "batch_size")
     _defaults = {"batch_size": 1}
     _factories = {"capture": CapturePlan}

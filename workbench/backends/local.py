@@ -18,7 +18,7 @@ forward; and no fault hook of its own: the local runner passes `on_trace`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nnsight
 import numpy as np
@@ -31,11 +31,18 @@ from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
 from ..sites import BatchRow, order, position_index, site, token_rows
 
+if TYPE_CHECKING:
+    from ..interventions.base import Intervention
+    from ..models.model import ModelInputs
+
 
 class RunResult(Record):
     """Captures of one run: `tokens` {name: array} (rows = prompt positions), `run` {name: array}
     and `patches` {name: array} (rows = vision-tower patches)."""
 
+    tokens: dict[str, np.ndarray]
+    run: dict[str, np.ndarray]
+    patches: dict[str, np.ndarray]
     _fields = ("tokens", "run", "patches")
     _factories = {"tokens": dict, "run": dict, "patches": dict}
     _mutable = True
@@ -61,6 +68,11 @@ class Row(Record):
     readers, whether it wants the last position's log-probabilities, and its real tokens in this
     forward when rows are right-padded to the longest (`length`; None: every position)."""
 
+    inputs: ModelInputs
+    interventions: tuple[Intervention, ...]
+    readers: list[Any]
+    logits: bool
+    length: int | None
     _fields = ("inputs", "interventions", "readers", "logits", "length")
     _defaults = {"interventions": (), "readers": (), "logits": False, "length": None}
 

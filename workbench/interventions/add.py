@@ -81,6 +81,13 @@ def random_direction(seed: int, width: int) -> np.ndarray:
 class Add(Intervention):
     """Add `factor` x a given, bound (source - own, averaged over positions) or random vector."""
 
+    factor: float
+    vector: tuple[float, ...] | None
+    source: str | None
+    direction: str | None
+    seed: int
+    norm: str | float
+    bound: dict[int | None, torch.Tensor]
     _fields = Intervention._fields + ("factor", "vector", "source", "direction", "seed", "norm", "bound")
     _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None, "direction": None,
                  "seed": 0, "norm": "matched"}

@@ -59,6 +59,9 @@ def apply_rows(model: ModelLike, edits: list[tuple[Any, Any, int | None, tuple[i
 
 
 class Intervention(Record):
+    site: str
+    positions: str | tuple[int, ...]
+    layers: tuple[int, ...] | None
     _fields = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 

@@ -29,6 +29,9 @@ class ModelInputs(Record):
     arguments of the model's forward, tensors), `input_ids` ((seq,) int64), `modality` ((seq,)
     str: vision | boundary | text). A `Record`: it travels to NDIF servers."""
 
+    encoding: dict[str, torch.Tensor]
+    input_ids: np.ndarray
+    modality: np.ndarray
     _fields = ("encoding", "input_ids", "modality")
     _mutable = True
 
@@ -43,6 +46,15 @@ class ModelInfo(Record):
     (the vision tower's depth; 0 for a text model), kv_heads and head_dim (the stored `keys`,
     `values` and `keys_pre` flatten (kv_heads, head_dim), heads first: `analyses.kv.per_head`)."""
 
+    model_id: str
+    path: str
+    arch: Architecture
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    n_vision_layers: int
+    kv_heads: int | None
+    head_dim: int | None
     _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers", "kv_heads",
                "head_dim")
     _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None}

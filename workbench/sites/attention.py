@@ -62,6 +62,7 @@ class AttentionCapture(Record):
     reduced as they are read: per query the mass on vision keys, and the last query's full row
     (the decode step's)."""
 
+    layers: tuple[int, ...]
     _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, int], int]]:

@@ -36,12 +36,15 @@ builtins, numpy and `Record` only, here and in every site module.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from ..models.protocol import ModelLike
 from ..records import Record
+
+if TYPE_CHECKING:
+    from ..models.architectures import Architecture
 
 
 class Site(Record):
@@ -70,6 +73,19 @@ class Site(Record):
     check: (Architecture) -> None, or why this family lacks the site
     read_key: (layer) -> the execution-order key of a read, where it is not (stage, layer, phase)"""
 
+    name: str
+    stage: int
+    index: str | None
+    vision: bool
+    stores: dict[str, tuple[str, ...]]
+    editable: bool
+    access: str
+    phase: int
+    steps: str
+    tensor: Callable[..., Any] | None
+    capture: Callable[..., str | None] | None
+    check: Callable[[Architecture], str | None] | None
+    read_key: Callable[[int | None], tuple[int, int, int]] | None
     _fields = ("name", "stage", "index", "vision", "stores", "editable", "access", "phase", "steps", "tensor",
                "capture", "check", "read_key")
     _defaults = {"index": None, "vision": False, "editable": False, "phase": 1, "steps": "prefill", "tensor": None,
@@ -152,6 +168,10 @@ class BatchRow(Record):
       to the longest: positions 0..length-1 are the row's own, the rest pads); None: every
       position is the row's (no padding, or a one-token decode step)."""
 
+    index: int
+    of: int
+    units: tuple[int, ...] | None
+    length: int | None
     _fields = ("index", "of", "units", "length")
     _defaults = {"units": None, "length": None}
 

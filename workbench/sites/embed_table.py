@@ -21,6 +21,7 @@ class EmbeddingTableCapture(Record):
     module's weight inside the trace (so it works where the weights live, NDIF included), scaled
     as the module scales its output (`embed_scale`, Gemma-3)."""
 
+    site: str
     _fields = ("site",)
     _defaults = {"site": "embed_table"}
     prompt_only = True

@@ -13,6 +13,8 @@ from .readers import saved_copy
 class ResidualCapture(Record):
     """The residual stream at each listed layer index, for every position."""
 
+    layers: tuple[int, ...]
+    variable: str
     _fields = ("layers", "variable")
     _defaults = {"variable": "hidden"}
 

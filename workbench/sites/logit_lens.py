@@ -25,6 +25,8 @@ class LogitLensCapture(Record):
     per position (rank 0 = the most likely). At l = L it is the model's own next-token
     distribution (the final norm's output through the head)."""
 
+    layers: tuple[int, ...]
+    k: int
     _fields = ("layers", "k")
     _defaults = {"k": LENS_TOP_K}
     rows = "tokens"

@@ -41,6 +41,7 @@ class ModuleOutputCapture(Record):
     """A per-position module output: `embed` (token embeddings, before image features are
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
+    site: str
     _fields = ("site",)
     rows = "tokens"
 
@@ -61,6 +62,8 @@ class LayerOutputCapture(Record):
     layer's `keys_pre`, `attn_out` or `mlp_out` (`decoder_layer` 0..L-1), or Qwen3-VL's
     `layer.pre_deepstack` (`layer` 0..L). Stored (token, layer dim, width)."""
 
+    site: str
+    layers: tuple[int, ...]
     _fields = ("site", "layers")
     rows = "tokens"
 
@@ -83,6 +86,8 @@ class PatchCapture(Record):
     receives it) or `vision_layer` (each listed tower layer's output). Read in the prompt forward
     only (decode steps do not run the tower), and not at all without an image (`image: none`)."""
 
+    site: str
+    layers: tuple[int, ...] | None
     _fields = ("site", "layers")
     _defaults = {"layers": None}
     prompt_only = True
@@ -114,6 +119,9 @@ class PatchCapture(Record):
 class CachedKVCapture(Record):
     """K and/or V of each listed layer, read from the KV cache after the prompt forward."""
 
+    layers: tuple[int, ...]
+    keys: bool
+    values: bool
     _fields = ("layers", "keys", "values")
     _defaults = {"keys": True, "values": True}
 
