@@ -40,7 +40,7 @@ Stored variables (dims; what a row is):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -117,5 +117,5 @@ class CapturePlan(Record):
             if getattr(output, "layers", None) is not None:
                 entry = site(output.site)
                 for variable in entry.stores:
-                    coords[variable] = {entry.index: np.asarray(output.layers)}
+                    coords[variable] = {cast(str, entry.index): np.asarray(output.layers)}
         return coords

@@ -13,11 +13,14 @@ the image checks on a text-only model)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .records import Record
+
+if TYPE_CHECKING:
+    from .models.model import ImageMode, ModelInputs
 
 RESIDUAL_TOLERANCE = 1e-4  # float32; bfloat16 models are compared in their own precision (see below)
 
@@ -77,11 +80,11 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
     model = load_model(model_id, device=device, dtype=dtype)
     sample = builtin_samples(1)[0]
     multimodal = bool(model.arch.projector)
-    mode = "real" if multimodal else "none"
+    mode: ImageMode = "real" if multimodal else "none"
     inputs = model.encode(sample.image if multimodal else None, sample.question, mode)
     plan = ModelPlan(model.info, [], CapturePlan(residual=ResidualCapture(tuple(range(model.n_layers + 1)))))
     baseline = ConditionPlan("baseline", {}, mode, ())
-    by_image = {mode: inputs}
+    by_image: dict[str, ModelInputs] = {mode: inputs}
     ours = run_condition(model, by_image, baseline, plan).tokens["hidden"]
     results = []
 

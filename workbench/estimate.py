@@ -21,9 +21,12 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .sites import VARIABLE_DIMS, site
+
+if TYPE_CHECKING:
+    from .models.model import ImageMode
 
 ENCODED_SAMPLES = 16  # samples encoded per model and image mode; the rest are taken at their mean
 INT64_VARIABLES = frozenset({"generated", "lens_ids"})
@@ -86,7 +89,7 @@ def _row_bytes(plan: Any, variable: str) -> tuple[str, int] | tuple[None, str]:
     return dims[0], item * math.prod(sizes[d] for d in dims[1:])
 
 
-def _token_counts(plan: Any, samples: Iterable[Any], n_samples: int, modes: set[str]) -> tuple[dict[str, int], bool]:
+def _token_counts(plan: Any, samples: Iterable[Any], n_samples: int, modes: set[ImageMode]) -> tuple[dict[str, int], bool]:
     """Total prompt tokens over every sample, per image mode, and whether any was extrapolated."""
     from .models.model import InputEncoder
 

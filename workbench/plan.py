@@ -168,6 +168,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             continue
         layers = (check.layers(item.layers, path + ("layers",), check.layer_range(item.site),
                                vision=entry.index == "vision_layer") if entry.index else None)
+        assert entry.capture is not None  # every site that stores a variable declares its reader
         problem = entry.capture(plan, layers)
         if problem:
             check.add(path, problem)

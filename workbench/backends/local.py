@@ -32,6 +32,8 @@ from ..records import Record
 from ..sites import BatchRow, order, position_index, site, token_rows
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..interventions.base import Intervention
     from ..models.model import ModelInputs
 
@@ -86,7 +88,7 @@ def _image_units(rows: list[Row]) -> tuple[int, ...] | None:
 
 
 def trace(model: ModelLike, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
-          readers: list[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
+          readers: Sequence[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
           on_trace: Any = None) -> dict[Any, Any]:
     """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
     and save the last position's next-token log-probabilities if `logits`.
@@ -183,7 +185,8 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
     generated = prompt_mask.new_ones(prompt_mask.shape[0], step)
     encoding["attention_mask"] = torch.cat([prompt_mask, generated], dim=1)
     positions = prompt_mask.sum(dim=1, keepdim=True) + (step - 1 + model.arch.position_offset)
-    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.mrope else None
+    # decode steps run where the weights are (WorkbenchModel, the server's ServerModel: both have `hf`)
+    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.mrope else None  # type: ignore[attr-defined]
     if deltas is not None:
         positions = positions + deltas.to(positions.device)
     encoding["position_ids"] = positions
@@ -221,7 +224,7 @@ def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: Condi
                            source_items, [reader], on_trace=on_trace)
             model.prepare()
             own = trace(model, inputs.encoding, inputs, (), [reader], on_trace=on_trace)
-            layers = item.layers if item.site == "layer" else (None,)
+            layers = (item.layers or ()) if item.site == "layer" else (None,)
             item = item.bind({l: values[("site", item.site, l)] for l in layers},
                              {l: own[("site", item.site, l)] for l in layers})
         resolved.append(item)
@@ -454,6 +457,7 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
                  keep_cache=True, on_trace=on_trace)
     cache = head.pop("cache")
     swap = condition.kv_swap
+    assert swap is not None  # run_rows sends only kv_swap conditions here
     donor = plan.condition(swap.donor)
     donor_inputs = inputs_by_image[donor.image]
     donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace)

@@ -17,7 +17,7 @@ imports inside functions and `functools.wraps` decorators (see `workbench.backen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -26,6 +26,9 @@ from ..models.protocol import ModelLike
 # undecorated (inspect.getsource follows __wrapped__: a torch.inference_mode() wrapper would be
 # rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
 from .local import RunResult, run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class ServerModel:
@@ -37,17 +40,17 @@ class ServerModel:
         self.lm, self.info, self.arch = lm, info, info.arch
 
     @property
-    def hf(self) -> torch.nn.Module:
+    def hf(self) -> PreTrainedModel:
         return self.lm._module
 
     @property
     def device(self) -> torch.device:
         """Where inputs go: the input embedding's device (the first device of a dispatched model)."""
-        return self.hf.get_input_embeddings().weight.device
+        return cast(torch.Tensor, self.hf.get_input_embeddings().weight).device  # torch types it Tensor | Module
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.hf.get_input_embeddings().weight.dtype
+        return cast(torch.Tensor, self.hf.get_input_embeddings().weight).dtype
 
     model_id = WorkbenchModel.model_id
     n_layers = WorkbenchModel.n_layers

@@ -36,7 +36,7 @@ builtins, numpy and `Record` only, here and in every site module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
@@ -220,7 +220,7 @@ def site_modules(model: ModelLike, name: str) -> dict[str, Any]:
     if name == "projector":
         paths = arch.projector
     elif name == "projector.merger":
-        paths = (arch.projector_merger,)
+        paths = (cast(str, arch.projector_merger),)  # a vision site: every multimodal family declares one
     else:
         paths = (arch.projector_parts[name[len(PROJECTOR_PART_PREFIX):]],)
     return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}

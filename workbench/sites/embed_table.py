@@ -3,7 +3,7 @@ the weights in the trace."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class EmbeddingTableCapture(Record):
         saved[(self.site, None)] = [saved_copy(norms)]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
-        return {site(self.site).variable: merged[(self.site, None)][0][None].numpy()}
+        return {cast(str, site(self.site).variable): merged[(self.site, None)][0][None].numpy()}
 
 
 

@@ -5,7 +5,7 @@ its module. Shipped to NDIF servers: torch, numpy, typing and `Record` only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class LayerOutputCapture(Record):
         """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
         import torch
         per_layer = [torch.cat(merged[(self.site, l)], dim=0) for l in self.layers]
-        return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
+        return {cast(str, site(self.site).variable): torch.stack(per_layer, dim=1).numpy()}  # a captured site's
 
 
 class PatchCapture(Record):
@@ -95,7 +95,7 @@ class PatchCapture(Record):
 
     def targets(self) -> list[tuple[tuple[int, int, int], int | None]]:
         if self.site == "vision_layer":
-            return [(order(self.site, l, 1), l) for l in self.layers]
+            return [(order(self.site, l, 1), l) for l in self.layers or ()]
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
@@ -108,8 +108,8 @@ class PatchCapture(Record):
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         import torch
-        variable = site(self.site).variable
-        if self.site == "vision_layer":
+        variable = cast(str, site(self.site).variable)  # a captured site stores one
+        if self.site == "vision_layer" and self.layers:
             if (self.site, self.layers[0]) not in merged:
                 return {}
             return {variable: torch.stack([merged[(self.site, l)][0] for l in self.layers], dim=1).numpy()}

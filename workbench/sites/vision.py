@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..models.protocol import ModelLike
 from .base import Site, first_tensor, register_site
@@ -10,7 +10,7 @@ from .readers import PatchCapture
 
 
 def tensor(model: ModelLike, layer: int | None) -> Any:
-    path, end = model.arch.vision_output
+    path, end = cast("tuple[str, str]", model.arch.vision_output)  # a vision site: the model has a tower
     envoy = model.module(path)[0]
     # the connector's input (most families) or the tower's output (InternVL: before its CLS
     # row is dropped and the pixel shuffle)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..models.protocol import ModelLike
 from .base import Site, first_tensor, register_site
@@ -10,7 +10,7 @@ from .readers import PatchCapture
 
 
 def tensor(model: ModelLike, layer: int | None) -> Any:
-    return first_tensor(model.module(model.arch.vision_layers)[0][layer].output)
+    return first_tensor(model.module(cast(str, model.arch.vision_layers))[0][layer].output)  # a vision site: a tower
 
 
 def capture(plan: Any, layers: tuple[int, ...]) -> None:
