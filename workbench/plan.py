@@ -18,6 +18,7 @@ from .spec import CAPTURE_SITES, EDITABLE_SITES, SpecError
 from .spec.sweeps import unbracketed
 
 if TYPE_CHECKING:
+    from .spec import Spec
     from .models.model import ImageMode, ModelInfo
 
 SpecPath = tuple[Any, ...]
@@ -98,7 +99,7 @@ class _Checker:
     at the run (conditions.steer[c=0.5]...); one that every run of its condition shares is
     reported once, at the condition."""
 
-    def __init__(self, info: Any):
+    def __init__(self, info: ModelInfo):
         self.info = info
         # (path at the condition, message) -> (path as first found, how many runs found it)
         self.found: dict[tuple[SpecPath, str], tuple[SpecPath, int]] = {}
@@ -151,7 +152,7 @@ class _Checker:
         return self.info.n_layers - (index == "decoder_layer")
 
 
-def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
+def _capture_plan(spec: Spec, check: _Checker) -> CapturePlan:
     """Each `capture` entry's reader, added by its site's declaration (`Site.capture`)."""
     plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
     for i, item in enumerate(spec.capture):
@@ -260,7 +261,7 @@ def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
                   "'projector' per condition (fold them into one: scale factors multiply)")
 
 
-def compile_plan(spec: Any, info: Any) -> ModelPlan:
+def compile_plan(spec: Spec, info: ModelInfo) -> ModelPlan:
     """Compile `spec` for one model; raise PlanError (located in the spec) listing every problem.
     Every condition is checked here, one at a time; the plan's conditions are compiled again when
     taken (`PlanConditions`), so a large sweep is never held."""
@@ -277,7 +278,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                      capture=capture, batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
 
 
-def _images(spec: Any) -> dict[str, str]:
+def _images(spec: Spec) -> dict[str, str]:
     """Image mode of each condition without a sweep: the only ones a kv_swap donor or an
     intervention source may name (`workbench.spec.schema._reference_problems`)."""
     return {name: cond.image for name, cond in spec.conditions.items() if not cond.sweep}
@@ -353,13 +354,13 @@ class PlanConditions:
         return f"PlanConditions({len(self)} conditions)"
 
 
-def condition_names(conditions: Any) -> Iterator[str]:
+def condition_names(conditions: PlanConditions | Iterable[ConditionPlan]) -> Iterator[str]:
     """The names of a plan's conditions, in order, none compiled for it."""
     names = getattr(conditions, "names", None)  # a `PlanConditions`
     return names() if names else (c.name for c in conditions)
 
 
-def renamed_runs(held: Iterable[str], conditions: Any) -> str | None:
+def renamed_runs(held: Iterable[str], conditions: PlanConditions | Iterable[ConditionPlan]) -> str | None:
     """Why a store cannot be resumed with these conditions, if it holds swept runs under the names
     a store written before runs were named after their condition gave them ('c=0.5' for
     'steer[c=0.5]': no '['; a condition's own name holds no '='). Resuming would store every such
@@ -376,7 +377,7 @@ def renamed_runs(held: Iterable[str], conditions: Any) -> str | None:
             "under the new names")
 
 
-def explicit_positions(spec: Any) -> bool:
+def explicit_positions(spec: Spec) -> bool:
     """Whether any condition names token positions by index (then sequence lengths matter)."""
     for instance in spec.expand_conditions():
         swap = [instance.kv_swap.positions] if instance.kv_swap else []
@@ -385,7 +386,7 @@ def explicit_positions(spec: Any) -> bool:
     return False
 
 
-def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
+def check_positions(spec: Spec, info: ModelInfo, lengths: dict[str, list[tuple[str, int]]]) -> None:
     """Refuse explicit positions beyond a sample's sequence. `lengths[image_mode]` holds
     (sample id, number of tokens) of every sample's prompt in that image mode."""
     check = _Checker(info)

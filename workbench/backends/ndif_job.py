@@ -28,6 +28,8 @@ from ..models.protocol import ModelLike
 from .local import RunResult, run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
 
 if TYPE_CHECKING:
+    from ..models.model import ModelInfo
+    from ..plan import ModelPlan
     from transformers import PreTrainedModel
 
 
@@ -36,7 +38,7 @@ class ServerModel:
     travels as a persistent id resolved to the server's live model; the methods are the
     `WorkbenchModel` ones and read the server's real module through `hf`."""
 
-    def __init__(self, lm: Any, info: Any):
+    def __init__(self, lm: Any, info: ModelInfo):
         self.lm, self.info, self.arch = lm, info, info.arch
 
     @property
@@ -65,7 +67,7 @@ def on_device(inputs: Any, device: Any, dtype: Any) -> Any:
     return inputs.replace(encoding=encoding)
 
 
-def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: Any) -> dict:
+def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: ModelPlan) -> dict:
     """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
     local backend's `run_conditions` (batched by `plan.batch_size`, as locally); returns
     {condition: {"tokens": {...}, "run": {...}}} of CPU float32 (int64 for token ids) tensors."""

@@ -7,7 +7,7 @@ site, so the edit has the size of the value it edits."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from ..spec.fields import (ADD_DIRECTIONS, RANDOM_NORMS, ConditionName, Number, 
                            _fail, _one_of, is_var)
 from ..spec.problems import _got, _quoted
 from .base import Intervention
+
+if TYPE_CHECKING:
+    from ..models.model import ModelInfo
 
 
 def _seed_or_var(value: Any) -> int | str:
@@ -64,7 +67,7 @@ class AddSpec(InterventionSpec):
         return self
 
 
-def _vector_width(raw: AddSpec, info: Any) -> list[tuple[tuple[Any, ...], str]]:
+def _vector_width(raw: AddSpec, info: ModelInfo) -> list[tuple[tuple[Any, ...], str]]:
     if raw.vector is not None and len(raw.vector) != info.hidden_size:
         return [(("vector",), f"a vector of {len(raw.vector)} numbers; expected {info.hidden_size} (the model width)")]
     return []

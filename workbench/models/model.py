@@ -119,7 +119,7 @@ def model_info(model_id: str) -> ModelInfo:
     )
 
 
-def kv_shape(text: Any) -> dict[str, int]:
+def kv_shape(text: transformers.PretrainedConfig) -> dict[str, int]:
     """{kv_heads, head_dim} of a text config (head_dim defaults to hidden_size / attention heads)."""
     heads = int(text.num_attention_heads)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
@@ -127,7 +127,7 @@ def kv_shape(text: Any) -> dict[str, int]:
     return {"kv_heads": int(kv_heads), "head_dim": int(head_dim)}
 
 
-def vision_depth(config: Any, arch: Architecture) -> int:
+def vision_depth(config: transformers.PretrainedConfig, arch: Architecture) -> int:
     """The number of layers in the vision tower (Qwen's vision configs call it `depth`)."""
     if not arch.is_multimodal:
         return 0

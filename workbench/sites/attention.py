@@ -13,6 +13,8 @@ from .readers import saved_copy
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
+    from ..capture import CapturePlan
+
 
 def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch.Tensor:
     """Attention probabilities (batch, heads, query, key) from the arguments of a decoder layer's
@@ -84,7 +86,7 @@ class AttentionCapture(Record):
 
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.attention = AttentionCapture(layers)
 
 

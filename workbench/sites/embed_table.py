@@ -12,6 +12,9 @@ from ..records import Record
 from .base import Site, order, register_site, site
 from .readers import saved_copy
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
+
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
@@ -45,7 +48,7 @@ class EmbeddingTableCapture(Record):
 
 
 
-def capture(plan: Any, layers: None) -> None:
+def capture(plan: CapturePlan, layers: None) -> None:
     plan.outputs += (EmbeddingTableCapture(),)
 
 

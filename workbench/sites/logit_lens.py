@@ -11,6 +11,9 @@ from ..records import Record
 from .base import Site, read_order, register_site, residual_envoy, token_rows
 from .readers import saved_copy
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
+
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
@@ -53,7 +56,7 @@ class LogitLensCapture(Record):
 
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (LogitLensCapture(layers),)
 
 

@@ -13,6 +13,9 @@ from ..models.protocol import ModelLike
 from ..records import Record
 from .base import batch_rows, order, read_order, site, site_tensor, token_rows
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
+
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
@@ -142,7 +145,7 @@ class CachedKVCapture(Record):
 
 
 
-def add_kv(plan: Any, part: str, layers: tuple[int, ...]) -> str | None:
+def add_kv(plan: CapturePlan, part: str, layers: tuple[int, ...]) -> str | None:
     """Capture `part` ("keys" or "values") of `layers` from the cache: one `CachedKVCapture`
     reads both, so they must share their layers."""
     if plan.kv is None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..models.protocol import ModelLike
 from .base import Site, first_tensor, register_site
 from .readers import PatchCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int | None) -> Any:
@@ -17,7 +20,7 @@ def tensor(model: ModelLike, layer: int | None) -> Any:
     return envoy.input if end == "input" else first_tensor(envoy.output)
 
 
-def capture(plan: Any, layers: None) -> None:
+def capture(plan: CapturePlan, layers: None) -> None:
     plan.outputs += (PatchCapture("vision"),)
 
 

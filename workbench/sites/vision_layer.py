@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..models.protocol import ModelLike
 from .base import Site, first_tensor, register_site
 from .readers import PatchCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int | None) -> Any:
     return first_tensor(model.module(cast(str, model.arch.vision_layers))[0][layer].output)  # a vision site: a tower
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (PatchCapture("vision_layer", layers),)
 
 
