@@ -107,3 +107,19 @@ def test_the_allowlist_names_only_what_still_needs_it():
     stale = sorted(p for p in ANY_ALLOWED if not any(fnmatchcase(name, p) for name in found))
     assert not stale, f"listed in ANY_ALLOWED but typed now (drop them): {stale}"
     assert all(reason.strip() for reason in ANY_ALLOWED.values())
+
+
+# modules whose mypy errors are not reported yet ([tool.mypy.overrides] with ignore_errors):
+# this only goes down, as modules are made to pass
+NOT_YET_CHECKED_AT_MOST = 49
+
+
+def test_the_modules_mypy_skips_only_get_fewer():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    skipped = [m for o in config.get("overrides", []) if o.get("ignore_errors") for m in o["module"]]
+    assert len(skipped) <= NOT_YET_CHECKED_AT_MOST, (
+        f"{len(skipped)} modules have their mypy errors ignored; at most {NOT_YET_CHECKED_AT_MOST}: make the new "
+        "one pass instead")
+    assert config["files"] == ["workbench", "analyses"] and config.get("check_untyped_defs")
