@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow wheel-check docs install clean-stores
+.PHONY: demo test test-slow typecheck wheel-check docs install clean-stores
 
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
@@ -16,6 +16,11 @@ test: $(STAMP)
 # batching on every family): CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# mypy over workbench/ and analyses/ ([tool.mypy] in pyproject.toml: every body checked, the
+# libraries' stubs from the `test` extra). CI runs it after `make test`.
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy
 
 # the package as a user installs it (.ci/wheel_check.sh): the wheel and sdist built, the wheel
 # installed into fresh venvs (the read side alone, without torch; the capture side with [models]),

@@ -20,6 +20,8 @@ the table statistics describe one matrix and have none.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -36,7 +38,7 @@ TABLE_QUANTILES = {"table_p05": 0.05, "table_p50": 0.5, "table_p95": 0.95}
 
 def row_norms(var: xr.DataArray, width: str) -> np.ndarray:
     """‖·‖₂ over `width` of every row (computed chunk by chunk: the rows stay lazy until reduced)."""
-    return np.sqrt((var.astype("float64") ** 2).sum(width)).values
+    return cast(xr.DataArray, np.sqrt((var.astype("float64") ** 2).sum(width))).values  # a DataArray: __array_ufunc__
 
 
 def _per_sample_mean(values: np.ndarray, samples: np.ndarray) -> pd.DataFrame | pd.Series:

@@ -23,6 +23,7 @@ Statistician 69(4), section on the narrowness bias).
 from __future__ import annotations
 
 import warnings
+from typing import overload
 
 import numpy as np
 import xarray as xr
@@ -79,6 +80,16 @@ def bootstrap_array(values: np.ndarray, stat: str = "mean", n_resamples: int = N
             out[:, 1:] = np.nanpercentile(boot, [tail, 100 - tail], axis=1).T
         out[np.isfinite(flat).sum(axis=1) < MIN_SAMPLES, 1:] = np.nan  # no interval from a single sample
     return out.reshape(*shape, 3)
+
+
+@overload
+def summarize(per_sample: xr.DataArray, dim: str = ..., stat: str = ..., n_resamples: int = ..., seed: int = ...,
+              level: float = ...) -> xr.DataArray: ...
+
+
+@overload
+def summarize(per_sample: xr.Dataset, dim: str = ..., stat: str = ..., n_resamples: int = ..., seed: int = ...,
+              level: float = ...) -> xr.Dataset: ...
 
 
 def summarize(per_sample: xr.DataArray | xr.Dataset, dim: str = "sample", stat: str = "mean",

@@ -17,6 +17,8 @@ Pure numpy/pandas/xarray, never torch.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import xarray as xr
 
@@ -29,7 +31,7 @@ BRANCHES = {"attn_share": "attn_out", "mlp_share": "mlp_out"}
 
 def _norms(var: xr.DataArray) -> np.ndarray:
     """‖·‖₂ over `dim` in float64, per (token, layer)."""
-    return np.sqrt((var.astype("float64") ** 2).sum("dim")).values
+    return cast(xr.DataArray, np.sqrt((var.astype("float64") ** 2).sum("dim"))).values  # a DataArray: __array_ufunc__
 
 
 def branch_layers(ds: xr.Dataset) -> list[int]:

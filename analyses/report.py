@@ -74,7 +74,8 @@ def _appendix(opened: dict[str, xr.Dataset], options: Options) -> list[html.Html
     definitions = [f"- **{model}**: {describe_definitions(options.definitions_for(ds)).removeprefix('Definitions: ')}"
                    for model, ds in opened.items()]
     runs = _runs(opened)
-    provenance, specs = [], []
+    provenance: list[str] = []
+    specs: list[tuple[str, str]] = []
     for i, run in enumerate(runs, 1):
         versions = ", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items() if v)
         provenance += [f"{i}. {run.get('time', '?')}: spec `{run.get('spec_name', '?')}` (hash "

@@ -43,7 +43,7 @@ Stored variables (dims; what a row is):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -64,6 +64,9 @@ class SiteValues(Record):
     """A sequence site's value (`embed`, residual `layer`, `attn_out`, `mlp_out`) at the selected
     positions, read to feed another condition's `patch` or `add` (direction_from)."""
 
+    site: str
+    layers: tuple[int, ...] | None
+    positions: str | tuple[int, ...]
     _fields = ("site", "layers", "positions")
 
     def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
@@ -80,6 +83,12 @@ class SiteValues(Record):
 class CapturePlan(Record):
     """Everything one model's runs capture; built by the plan from the spec's `capture` list."""
 
+    residual: ResidualCapture | None
+    attention: AttentionCapture | None
+    kv: CachedKVCapture | None
+    logits: bool
+    max_new_tokens: int
+    outputs: tuple[Any, ...]
     _fields = ("residual", "attention", "kv", "logits", "max_new_tokens", "outputs")
     _defaults = {"residual": None, "attention": None, "kv": None, "logits": False, "max_new_tokens": 1, "outputs": ()}
     _mutable = True
@@ -111,5 +120,5 @@ class CapturePlan(Record):
             if getattr(output, "layers", None) is not None:
                 entry = site(output.site)
                 for variable in entry.stores:
-                    coords[variable] = {entry.index: np.asarray(output.layers)}
+                    coords[variable] = {cast(str, entry.index): np.asarray(output.layers)}
         return coords

@@ -21,11 +21,14 @@ matched to, and the checks then say whether that reading is right."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .records import Record
+
+if TYPE_CHECKING:
+    from .models.model import ImageMode, ModelInputs
 
 RESIDUAL_TOLERANCE = 1e-4  # float32; bfloat16 models are compared in their own precision (see below)
 
@@ -33,6 +36,9 @@ RESIDUAL_TOLERANCE = 1e-4  # float32; bfloat16 models are compared in their own 
 class CheckResult(Record):
     """One check: its name, PASS / FAIL / N/A (INFO: what was inferred), and what was measured."""
 
+    name: str
+    status: str
+    detail: str
     _fields = ("name", "status", "detail")
 
 
@@ -84,11 +90,11 @@ def check_model(model_id: str, device: str = "auto", dtype: str = "auto") -> lis
     model = WorkbenchModel(info, device=device, dtype=dtype)
     sample = builtin_samples(1)[0]
     multimodal = bool(model.arch.projector)
-    mode = "real" if multimodal else "none"
+    mode: ImageMode = "real" if multimodal else "none"
     inputs = model.encode(sample.image if multimodal else None, sample.question, mode)
     plan = ModelPlan(model.info, [], CapturePlan(residual=ResidualCapture(tuple(range(model.n_layers + 1)))))
     baseline = ConditionPlan("baseline", {}, mode, ())
-    by_image = {mode: inputs}
+    by_image: dict[str, ModelInputs] = {mode: inputs}
     ours = run_condition(model, by_image, baseline, plan).tokens["hidden"]
     results = [CheckResult("module map inferred", "INFO", layout.describe())] if layout else []
 

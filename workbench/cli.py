@@ -9,6 +9,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from .plan import ModelPlan
+    from .spec import Spec
     from .shards import Shard
 
 _LOG = logging.getLogger("workbench")
@@ -67,7 +69,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_estimate(spec: Any, plans: list[Any], timed: bool) -> None:
+def _print_estimate(spec: Spec, plans: list[ModelPlan], timed: bool) -> None:
     """`validate --estimate`: workbench/estimate.py; `timed` (--models-check) adds one measured forward per model."""
     from .estimate import describe, estimate_run, free_disk_problem, measure_forward
     from .worklist import SampleStream
@@ -79,13 +81,15 @@ def _print_estimate(spec: Any, plans: list[Any], timed: bool) -> None:
     if problem:
         print(f"  warning: {problem}")
     first = next(iter(samples), None)
-    for plan, model in zip(plans if timed and first is not None else [], estimate.models):
+    if first is None:
+        return
+    for plan, model in zip(plans if timed else [], estimate.models):
         seconds = measure_forward(plan, first)
         print(f"  {model.model}: one forward (the prompt of {first.id}) took {seconds:.3g} s here; "
               f"{model.forwards} forward(s) take about {seconds * model.forwards:.3g} s (decode steps are shorter)")
 
 
-def _warn_if_disk_is_short(spec: Any) -> None:
+def _warn_if_disk_is_short(spec: Spec) -> None:
     """A new store's run whose captures are estimated beyond the disk's free space says so before
     it starts (a warning: the estimate is uncompressed, so the run may still fit). A resumed run
     is not estimated: its store exists, and the estimate would cost it the processors' import

@@ -21,9 +21,16 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .sites import site, variable_dims
+
+if TYPE_CHECKING:
+    from .worklist import SampleStream
+    from .data import Sample
+    from .plan import ModelPlan
+    from .spec import Spec
+    from .models.model import ImageMode
 
 ENCODED_SAMPLES = 16  # samples encoded per model and image mode; the rest are taken at their mean
 INT64_VARIABLES = frozenset({"generated", "lens_ids"})
@@ -58,7 +65,7 @@ class Estimate:
         return sum(sum(m.bytes_per_condition.values()) for m in self.models)
 
 
-def _dim_sizes(plan: Any, variable: str) -> dict[str, int]:
+def _dim_sizes(plan: ModelPlan, variable: str) -> dict[str, int]:
     from .sites.logit_lens import LENS_TOP_K
 
     info, capture = plan.info, plan.capture
@@ -70,12 +77,12 @@ def _dim_sizes(plan: Any, variable: str) -> dict[str, int]:
     return sizes
 
 
-def _variables(spec: Any) -> list[str]:
+def _variables(spec: Spec) -> list[str]:
     """The variables the spec's captures store, in the order captured."""
     return list(dict.fromkeys(v for item in spec.capture for v in site(item.site).stores))
 
 
-def _row_bytes(plan: Any, variable: str) -> tuple[str, int] | tuple[None, str]:
+def _row_bytes(plan: ModelPlan, variable: str) -> tuple[str, int] | tuple[None, str]:
     """(row dim, bytes per row) of `variable`, or (None, the dim whose size is unknown)."""
     dims = variable_dims()[variable]
     sizes = _dim_sizes(plan, variable)
@@ -86,7 +93,7 @@ def _row_bytes(plan: Any, variable: str) -> tuple[str, int] | tuple[None, str]:
     return dims[0], item * math.prod(sizes[d] for d in dims[1:])
 
 
-def _token_counts(plan: Any, samples: Iterable[Any], n_samples: int, modes: set[str]) -> tuple[dict[str, int], bool]:
+def _token_counts(plan: ModelPlan, samples: Iterable[Any], n_samples: int, modes: set[ImageMode]) -> tuple[dict[str, int], bool]:
     """Total prompt tokens over every sample, per image mode, and whether any was extrapolated."""
     from .models.model import InputEncoder
 
@@ -102,7 +109,7 @@ def _token_counts(plan: Any, samples: Iterable[Any], n_samples: int, modes: set[
     return totals, extrapolated
 
 
-def estimate_run(spec: Any, plans: list[Any] | None = None, samples: Any = None) -> Estimate:
+def estimate_run(spec: Spec, plans: list[ModelPlan] | None = None, samples: SampleStream | None = None) -> Estimate:
     """The estimate of `spec` (its plans and sample stream when the caller already has them)."""
     from .runner import compile_all
     from .worklist import SampleStream, survey
@@ -177,7 +184,7 @@ def free_disk_problem(store_path: str, needed: int, free: int | None = None) -> 
             f"disk of {store_path}; zarr's compression may make it fit, or use --limit, fewer captures or another --store")
 
 
-def measure_forward(plan: Any, sample: Any, device: str = "auto", dtype: str = "auto", repeats: int = 3) -> float:
+def measure_forward(plan: ModelPlan, sample: Sample, device: str = "auto", dtype: str = "auto", repeats: int = 3) -> float:
     """Seconds of one prompt forward of `plan`'s model on `sample` (the median of `repeats`, after one
     warm-up), with the model loaded as a run loads it."""
     import torch

@@ -7,7 +7,7 @@ spec error, before anything runs or is written.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, overload
 
 from .capture import CapturePlan, PatchCapture
 from .records import Record
@@ -16,6 +16,10 @@ from .interventions import Intervention, needs_source
 from .sites import PROJECTOR_PART_PREFIX, SITES, is_projector_site, site as site_entry
 from .spec import SpecError, capture_sites, editable_sites
 from .spec.sweeps import unbracketed
+
+if TYPE_CHECKING:
+    from .spec import Spec
+    from .models.model import ImageMode, ModelInfo
 
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
@@ -41,12 +45,21 @@ class KVSwapPlan(Record):
     of `layers` replace this condition's before the last prompt token runs (see
     `workbench.backends.local`). Its repr, stored in the condition's attrs, says what was swapped."""
 
+    donor: str
+    positions: str | tuple[int, ...]
+    layers: tuple[int, ...]
+    parts: tuple[str, ...]
     _fields = ("donor", "positions", "layers", "parts")
     _defaults = {"parts": ("keys", "values")}
 
 
 class ConditionPlan(Record):
     # name, sweep {variable: value}, image (real | blank | none), interventions, kv_swap
+    name: str
+    sweep: dict[str, Any]
+    image: ImageMode
+    interventions: tuple[Intervention, ...]
+    kv_swap: KVSwapPlan | None
     _fields = ("name", "sweep", "image", "interventions", "kv_swap")
     _defaults = {"interventions": (), "kv_swap": None}
 
@@ -67,6 +80,10 @@ class ConditionPlan(Record):
 class ModelPlan(Record):
     # info (workbench.models.ModelInfo), conditions [ConditionPlan], capture (CapturePlan),
     # batch_size (`backend.batch_size`: conditions per forward, locally and on NDIF alike)
+    info: ModelInfo
+    conditions: PlanConditions | list[ConditionPlan]
+    capture: CapturePlan
+    batch_size: int
     _fields = ("info", "conditions", "capture", "batch_size")
     _defaults = {"batch_size": 1}
     _factories = {"capture": CapturePlan}
@@ -83,7 +100,7 @@ class _Checker:
     at the run (conditions.steer[c=0.5]...); one that every run of its condition shares is
     reported once, at the condition."""
 
-    def __init__(self, info: Any):
+    def __init__(self, info: ModelInfo):
         self.info = info
         # (path at the condition, message) -> (path as first found, how many runs found it)
         self.found: dict[tuple[SpecPath, str], tuple[SpecPath, int]] = {}
@@ -179,7 +196,7 @@ def site_layers(info: Any, site: str) -> tuple[tuple[int, ...], str] | None:
     return tuple(info.attention_layers), f"are not attention layers (the config's {kinds}): {what}"
 
 
-def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
+def _capture_plan(spec: Spec, check: _Checker) -> CapturePlan:
     """Each `capture` entry's reader, added by its site's declaration (`Site.capture`)."""
     plan = CapturePlan(max_new_tokens=spec.generate.max_new_tokens if spec.generate else 1)
     along: dict[str, tuple[int, tuple[int, ...]]] = {}  # a layer dim -> the first capture stored along it
@@ -205,6 +222,7 @@ def _capture_plan(spec: Any, check: _Checker) -> CapturePlan:
             if layers != first_layers:
                 check.add(path + ("layers",), f"layers {list(layers)} differ from capture[{first}]'s "
                           f"{list(first_layers)}, stored along the same dim {entry.index!r}; expected the same layers")
+        assert entry.capture is not None  # every site that stores a variable declares its reader
         problem = entry.capture(plan, layers)
         if problem:
             check.add(path, problem)
@@ -298,7 +316,7 @@ def _projector_order(instance: Any, check: _Checker, base: SpecPath) -> None:
                   "'projector' per condition (fold them into one: scale factors multiply)")
 
 
-def compile_plan(spec: Any, info: Any) -> ModelPlan:
+def compile_plan(spec: Spec, info: ModelInfo) -> ModelPlan:
     """Compile `spec` for one model; raise PlanError (located in the spec) listing every problem.
     Every condition is checked here, one at a time; the plan's conditions are compiled again when
     taken (`PlanConditions`), so a large sweep is never held."""
@@ -315,7 +333,7 @@ def compile_plan(spec: Any, info: Any) -> ModelPlan:
                      capture=capture, batch_size=getattr(getattr(spec, "backend", None), "batch_size", 1))
 
 
-def _images(spec: Any) -> dict[str, str]:
+def _images(spec: Spec) -> dict[str, str]:
     """Image mode of each condition without a sweep: the only ones a kv_swap donor or an
     intervention source may name (`workbench.spec.schema._reference_problems`)."""
     return {name: cond.image for name, cond in spec.conditions.items() if not cond.runs_many}
@@ -406,13 +424,13 @@ class PlanConditions:
         return f"PlanConditions({len(self)} conditions)"
 
 
-def condition_names(conditions: Any) -> Iterator[str]:
+def condition_names(conditions: PlanConditions | Iterable[ConditionPlan]) -> Iterator[str]:
     """The names of a plan's conditions, in order, none compiled for it."""
     names = getattr(conditions, "names", None)  # a `PlanConditions`
     return names() if names else (c.name for c in conditions)
 
 
-def renamed_runs(held: Iterable[str], conditions: Any) -> str | None:
+def renamed_runs(held: Iterable[str], conditions: PlanConditions | Iterable[ConditionPlan]) -> str | None:
     """Why a store cannot be resumed with these conditions, if it holds swept runs under the names
     a store written before runs were named after their condition gave them ('c=0.5' for
     'steer[c=0.5]': no '['; a condition's own name holds no '='). Resuming would store every such
@@ -429,7 +447,7 @@ def renamed_runs(held: Iterable[str], conditions: Any) -> str | None:
             "under the new names")
 
 
-def explicit_positions(spec: Any) -> bool:
+def explicit_positions(spec: Spec) -> bool:
     """Whether any condition names token positions by index (then sequence lengths matter)."""
     for instance in spec.expand_conditions():
         swap = [instance.kv_swap.positions] if instance.kv_swap else []
@@ -453,7 +471,7 @@ def _reach(positions: Any) -> int | None:
     return max(positions) if positions else None
 
 
-def check_positions(spec: Any, info: Any, lengths: dict[str, list[tuple[str, int]]]) -> None:
+def check_positions(spec: Spec, info: ModelInfo, lengths: dict[str, list[tuple[str, int]]]) -> None:
     """Refuse explicit positions beyond a sample's sequence. `lengths[image_mode]` holds
     (sample id, number of tokens) of every sample's prompt in that image mode."""
     check = _Checker(info)

@@ -95,7 +95,7 @@ def preflight_positions(spec: Spec, plans: list[ModelPlan], samples: Iterable[Sa
     modes = sorted({c.image for p in plans for c in p.conditions})
     for plan in plans:
         encoder = InputEncoder(plan.info)
-        lengths = {m: [(s.id, encoder.encode(s.image, s.question, m).n_tokens) for s in samples] for m in modes}
+        lengths: dict[str, list[tuple[str, int]]] = {m: [(s.id, encoder.encode(s.image, s.question, m).n_tokens) for s in samples] for m in modes}
         check_positions(spec, plan.info, lengths)
 
 
@@ -207,6 +207,7 @@ class _Run:
                 del model  # free the previous model before loading the next
                 model_id = plan.info.model_id
                 model = self._load(plan)
+            assert model is not None  # loaded with the window's first model
             work = [SampleWork(runs[0].sample, LazyInputs(model, runs[0].sample), [r.condition for r in runs])
                     for runs in (list(g) for _, g in itertools.groupby(window, key=lambda r: r.sample.id))]
             for group in context.executor.execute(model, work, plan, context.bar):

@@ -18,7 +18,7 @@ forward; and no fault hook of its own: the local runner passes `on_trace`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nnsight
 import numpy as np
@@ -31,11 +31,20 @@ from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
 from ..sites import BatchRow, is_projector_site, order, position_index, site, token_rows
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..interventions.base import Intervention
+    from ..models.model import ModelInputs
+
 
 class RunResult(Record):
     """Captures of one run: `tokens` {name: array} (rows = prompt positions), `run` {name: array}
     and `patches` {name: array} (rows = vision-tower patches)."""
 
+    tokens: dict[str, np.ndarray]
+    run: dict[str, np.ndarray]
+    patches: dict[str, np.ndarray]
     _fields = ("tokens", "run", "patches")
     _factories = {"tokens": dict, "run": dict, "patches": dict}
     _mutable = True
@@ -70,6 +79,11 @@ class Row(Record):
     readers, whether it wants the last position's log-probabilities, and its real tokens in this
     forward when rows are right-padded to the longest (`length`; None: every position)."""
 
+    inputs: ModelInputs
+    interventions: tuple[Intervention, ...]
+    readers: list[Any]
+    logits: bool
+    length: int | None
     _fields = ("inputs", "interventions", "readers", "logits", "length")
     _defaults = {"interventions": (), "readers": (), "logits": False, "length": None}
 
@@ -83,7 +97,7 @@ def _image_units(rows: list[Row]) -> tuple[int, ...] | None:
 
 
 def trace(model: ModelLike, encoding: dict[str, Any], inputs: Any, interventions: tuple = (),
-          readers: list[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
+          readers: Sequence[Any] = (), logits: bool = False, cache: Any = None, keep_cache: bool = False,
           on_trace: Any = None) -> dict[Any, Any]:
     """One forward pass through nnsight: apply `interventions`, let `readers` save what they read,
     and save the last position's next-token log-probabilities if `logits`.
@@ -184,7 +198,8 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
     generated = prompt_mask.new_ones(prompt_mask.shape[0], step)
     encoding["attention_mask"] = torch.cat([prompt_mask, generated], dim=1)
     positions = prompt_mask.sum(dim=1, keepdim=True) + (step - 1 + model.arch.position_offset)
-    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.mrope else None
+    # decode steps run where the weights are (WorkbenchModel, the server's ServerModel: both have `hf`)
+    deltas = getattr(model.hf.model, "rope_deltas", None) if model.arch.mrope else None  # type: ignore[attr-defined]
     if deltas is not None:
         positions = positions + deltas.to(positions.device)
     encoding["position_ids"] = positions
@@ -520,6 +535,7 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
                  keep_cache=True, on_trace=on_trace)
     cache = head.pop("cache")
     swap = condition.kv_swap
+    assert swap is not None  # run_rows sends only kv_swap conditions here
     donor = plan.condition(swap.donor)
     donor_inputs = inputs_by_image[donor.image]
     donor_items = _resolve(model, inputs_by_image, donor, plan, on_trace, memo)

@@ -17,7 +17,7 @@ imports inside functions and `functools.wraps` decorators (see `workbench.backen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -27,27 +27,32 @@ from ..models.protocol import ModelLike
 # rebuilt on the server with torch's globals, a NameError); it enters inference mode itself
 from .local import RunResult, run_condition, run_conditions  # noqa: F401  (run_condition: the contract tests)
 
+if TYPE_CHECKING:
+    from ..models.model import ModelInfo
+    from ..plan import ModelPlan
+    from transformers import PreTrainedModel
+
 
 class ServerModel:
     """The model as the backend code sees it on the server. Pickled into each remote job: `lm`
     travels as a persistent id resolved to the server's live model; the methods are the
     `WorkbenchModel` ones and read the server's real module through `hf`."""
 
-    def __init__(self, lm: Any, info: Any):
+    def __init__(self, lm: Any, info: ModelInfo):
         self.lm, self.info, self.arch = lm, info, info.arch
 
     @property
-    def hf(self) -> torch.nn.Module:
+    def hf(self) -> PreTrainedModel:
         return self.lm._module
 
     @property
     def device(self) -> torch.device:
         """Where inputs go: the input embedding's device (the first device of a dispatched model)."""
-        return self.hf.get_input_embeddings().weight.device
+        return cast(torch.Tensor, self.hf.get_input_embeddings().weight).device  # torch types it Tensor | Module
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.hf.get_input_embeddings().weight.dtype
+        return cast(torch.Tensor, self.hf.get_input_embeddings().weight).dtype
 
     model_id = WorkbenchModel.model_id
     n_layers = WorkbenchModel.n_layers
@@ -62,7 +67,7 @@ def on_device(inputs: Any, device: Any, dtype: Any) -> Any:
     return inputs.replace(encoding=encoding)
 
 
-def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: Any) -> dict:
+def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: ModelPlan) -> dict:
     """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
     local backend's `run_conditions` (batched by `plan.batch_size`, as locally); returns
     {condition: {"tokens": {...}, "run": {...}}} of CPU float32 (int64 for token ids) tensors."""

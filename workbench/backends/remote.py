@@ -60,12 +60,12 @@ if TYPE_CHECKING:
 _SHIPPED_PACKAGES = ("workbench",)
 
 
-def images_needed(plan: Any, names: list[str]) -> list[str]:
+def images_needed(plan: ModelPlan, names: list[str]) -> list[str]:
     """Image modes (real/blank/none) of `names` and of the conditions they read from."""
     return sorted({condition.image for condition in conditions_needed(plan, names)})
 
 
-def conditions_needed(plan: Any, names: list[str]) -> list[Any]:
+def conditions_needed(plan: ModelPlan, names: list[str]) -> list[ConditionPlan]:
     """The plans of `names` and of the conditions they read from (sources, kv_swap donors)."""
     needed: dict[str, Any] = {}
     stack = list(names)

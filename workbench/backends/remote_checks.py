@@ -6,17 +6,20 @@ lists them."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import nnsight
 
 from .remote_config import RemoteConfig
 from .remote_faults import ModelNotServedError, RemoteSetupError, with_retries
 
+if TYPE_CHECKING:
+    from ..models.model import ModelInfo
+
 _DEPLOYED_LEVELS = ("HOT", "WARM")
 
 
-def load_remote_model(info: Any, config: RemoteConfig, attn: str = "sdpa",
+def load_remote_model(info: ModelInfo, config: RemoteConfig, attn: str = "sdpa",
                       log: Callable[[str], None] = print) -> Any:
     """A `RemoteModel` for `info`, after `preflight` (the key, the versions, the served model);
     jobs are submitted under the key the server deploys it by."""

@@ -143,7 +143,7 @@ def classify(error: BaseException) -> _Fault:
     return _Fault(False, RemoteRunError, f"unexpected error in the remote run: {type(error).__name__}: {text}")
 
 
-def _dns_failure(error: BaseException) -> bool:
+def _dns_failure(error: BaseException | None) -> bool:
     """Whether `error` (or what caused it) is a failed host name lookup."""
     import socket
 
@@ -175,9 +175,11 @@ def with_retries(attempt: Callable[[], Any], config: RemoteConfig, what: str,
         return isinstance(error, Exception) and not isinstance(error, RemoteRunError) and classify(error).transient
 
     def announce(state: tenacity.RetryCallState) -> None:
-        message = scrub(classify(state.outcome.exception()).message, key)
+        error, action = state.outcome.exception() if state.outcome else None, state.next_action
+        assert error is not None and action is not None  # tenacity calls before_sleep after a failed attempt
+        message = scrub(classify(error).message, key)
         log(f"{what}: {message.splitlines()[0]}; retry {state.attempt_number + 1} of {tries} "
-            f"in {state.next_action.sleep:.3g}s")
+            f"in {action.sleep:.3g}s")
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(tries),

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .protocol import Executor, LazyInputs, Outcome, SampleWork  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
+    from ..backends.remote_config import RemoteConfig
     from ..spec import Spec
 
 
-def choose_executor(spec: Spec, remote: Any = None, device: str = "auto", dtype: str = "auto",
+def choose_executor(spec: Spec, remote: bool | str | RemoteConfig | None = None, device: str = "auto", dtype: str = "auto",
                     log: Callable[[str], None] = print) -> Executor:
     """The run's executor. remote: None runs where the spec's `backend.kind` says; False runs
     locally; True (NDIF), "local" (nnsight's in-process simulation), a server URL or a

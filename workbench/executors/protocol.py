@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from ..backends.local import RunResult
     from ..data import Sample
-    from ..models.model import ModelInputs
+    from ..models.model import ImageMode, ModelInputs
     from ..models.protocol import ClientModel
     from ..plan import ConditionPlan, ModelPlan
     from ..worklist import SampleStream
@@ -28,7 +28,7 @@ class LazyInputs(dict):
         super().__init__()
         self.model, self.sample = model, sample
 
-    def __missing__(self, image_mode: str) -> ModelInputs:
+    def __missing__(self, image_mode: ImageMode) -> ModelInputs:
         self[image_mode] = self.model.encode(self.sample.image, self.sample.question, image_mode)
         return self[image_mode]
 

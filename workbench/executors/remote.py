@@ -3,7 +3,7 @@ client halves (`RemoteModel`: a processor, no weights)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from .protocol import LazyInputs, Outcome, SampleWork
 
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..backends.local import RunResult
     from ..backends.remote_config import RemoteConfig
     from ..models.protocol import ClientModel
+    from ..models.remote import RemoteModel
     from ..plan import ConditionPlan, ModelPlan
     from ..worklist import SampleStream
 
@@ -67,7 +68,8 @@ class RemoteExecutor:
              plan: ModelPlan) -> dict[str, RunResult]:
         from ..backends.remote import run_sample
 
-        return run_sample(model, inputs, conditions, plan, self.config, log=self.log,
+        # this executor's models (`load`, `prepare_remote`) are RemoteModels
+        return run_sample(cast("RemoteModel", model), inputs, conditions, plan, self.config, log=self.log,
                           what=f"{plan.info.model_id} | {inputs.sample.id}")
 
     def describe(self) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ site, so the edit has the size of the value it edits."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from ..spec.fields import (ADD_DIRECTIONS, RANDOM_NORMS, ConditionName, Number, 
                            _fail, _one_of, is_var)
 from ..spec.problems import _got, _quoted
 from .base import Intervention
+
+if TYPE_CHECKING:
+    from ..models.model import ModelInfo
 
 
 def _seed_or_var(value: Any) -> int | str:
@@ -64,7 +67,7 @@ class AddSpec(InterventionSpec):
         return self
 
 
-def _vector_width(raw: AddSpec, info: Any) -> list[tuple[tuple[Any, ...], str]]:
+def _vector_width(raw: AddSpec, info: ModelInfo) -> list[tuple[tuple[Any, ...], str]]:
     if raw.vector is not None and len(raw.vector) != info.hidden_size:
         return [(("vector",), f"a vector of {len(raw.vector)} numbers; expected {info.hidden_size} (the model width)")]
     return []
@@ -81,6 +84,13 @@ def random_direction(seed: int, width: int) -> np.ndarray:
 class Add(Intervention):
     """Add `factor` x a given, bound (source - own, averaged over positions) or random vector."""
 
+    factor: float
+    vector: tuple[float, ...] | None
+    source: str | None
+    direction: str | None
+    seed: int
+    norm: str | float
+    bound: dict[int | None, torch.Tensor]
     _fields = Intervention._fields + ("factor", "vector", "source", "direction", "seed", "norm", "bound")
     _defaults = {**Intervention._defaults, "factor": 1.0, "vector": None, "source": None, "direction": None,
                  "seed": 0, "norm": "matched"}

@@ -29,7 +29,7 @@ Shipped to NDIF servers: imports only torch, typing and workbench modules that d
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,10 +37,17 @@ from ..models.protocol import ModelLike
 from ..records import Record
 from ..sites import batch_rows, connector_modules, order, position_index, site, site_modules, site_tensor, to_device
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..models.model import ModelInputs
+    from ..sites import BatchRow
+
 __all__ = ["Intervention", "apply_rows", "needs_source"]
 
 
-def apply_rows(model: ModelLike, edits: list[tuple[Any, Any, int | None, tuple[int, int] | None]]) -> None:
+def apply_rows(model: ModelLike,
+               edits: Sequence[tuple[Intervention, ModelInputs, int | None, BatchRow | tuple[int, int] | None]]) -> None:
     """Interventions at one execution-order key, as (intervention, inputs, layer, batch row)s
     (several rows of a batched forward). Connector sites are modules, each served once in
     execution order (parts before the projector's output; Qwen3-VL: the DeepStack mergers, then
@@ -61,7 +68,10 @@ def apply_rows(model: ModelLike, edits: list[tuple[Any, Any, int | None, tuple[i
 
 
 class Intervention(Record):
-    _fields = ("site", "positions", "layers")
+    site: str
+    positions: str | tuple[int, ...]
+    layers: tuple[int, ...] | None
+    _fields: tuple[str, ...] = ("site", "positions", "layers")
     _defaults = {"positions": "all", "layers": None}
 
     # whether `bind` reads the condition's own values too (add's direction_from does; patch not)
@@ -78,7 +88,7 @@ class Intervention(Record):
             return [(order(self.site, l, phase), l) for l in self.layers or ()]
         return [(order(self.site, None, phase), None)]
 
-    def apply(self, model: ModelLike, inputs: Any, layer: int | None = None, row: tuple[int, int] | None = None) -> None:
+    def apply(self, model: ModelLike, inputs: ModelInputs, layer: int | None = None, row: BatchRow | tuple[int, int] | None = None) -> None:
         """Edit the site in place; `row` = (index, of): only that batch row's block (see
         `workbench.sites.batch_rows`), None: the whole batch."""
         access = site(self.site).access
@@ -94,6 +104,11 @@ class Intervention(Record):
 
     def edit(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         """The site's new value at the selected rows `x` (layer: the per-layer site's index)."""
+        raise NotImplementedError
+
+    def bind(self, values: dict[Any, torch.Tensor], own: dict[Any, torch.Tensor]) -> "Intervention":
+        """This intervention with the values read at its `source` condition (`values`) and at its
+        own (`own`) bound, by layer (kinds that name a source: `needs_source`)."""
         raise NotImplementedError
 
     def resolve(self, model: ModelLike) -> "Intervention":

@@ -30,6 +30,7 @@ class NormalizeSpec(KindSpec):
 class Normalize(Intervention):
     """Rescale every projector output token to L2 norm `target`."""
 
+    target: str | float
     _fields = Intervention._fields + ("target",)
     _defaults = {**Intervention._defaults, "target": "text_embedding_mean"}
 

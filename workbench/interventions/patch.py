@@ -25,6 +25,8 @@ class PatchSpec(InterventionSpec):
 class Patch(Intervention):
     """Replace the site's value with the `source` condition's (bound before the run)."""
 
+    source: str
+    bound: dict[int | None, torch.Tensor]
     _fields = Intervention._fields + ("source", "bound")
     _defaults = {**Intervention._defaults, "source": ""}
     _factories = {"bound": dict}

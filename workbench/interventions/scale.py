@@ -21,6 +21,7 @@ class ScaleSpec(InterventionSpec):
 class Scale(Intervention):
     """Multiply the site's value by `factor` at the selected positions."""
 
+    factor: float
     _fields = Intervention._fields + ("factor",)
     _defaults = {**Intervention._defaults, "factor": 1.0}
 

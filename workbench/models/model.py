@@ -33,6 +33,9 @@ class ModelInputs(Record):
     {label: (seq,) array}, `workbench.models.geometry`; None where the family keeps no positions).
     A `Record`: it travels to NDIF servers."""
 
+    encoding: dict[str, torch.Tensor]
+    input_ids: np.ndarray
+    modality: np.ndarray
     _fields = ("encoding", "input_ids", "modality", "geometry")
     _defaults = {"geometry": None}
     geometry: dict[str, np.ndarray] | None
@@ -54,6 +57,15 @@ class ModelInfo(Record):
     cross_attention_layers (those that cross-attend to the image instead: Mllama's), read from the
     config where the family names them (`Architecture.layer_types`, `.cross_attention_layers`)."""
 
+    model_id: str
+    path: str
+    arch: Architecture
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    n_vision_layers: int
+    kv_heads: int | None
+    head_dim: int | None
     _fields = ("model_id", "path", "arch", "n_layers", "hidden_size", "vocab_size", "n_vision_layers", "kv_heads",
                "head_dim", "logit_scale", "logit_softcap", "attention_layers", "cross_attention_layers")
     _defaults = {"n_vision_layers": 0, "kv_heads": None, "head_dim": None, "logit_scale": 1.0, "logit_softcap": None,
@@ -162,7 +174,7 @@ def layer_kinds(text: Any, arch: Architecture) -> dict[str, Any]:
     return {}
 
 
-def kv_shape(text: Any) -> dict[str, int]:
+def kv_shape(text: transformers.PretrainedConfig) -> dict[str, int]:
     """{kv_heads, head_dim} of a text config (head_dim defaults to hidden_size / attention heads)."""
     heads = int(text.num_attention_heads)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
@@ -178,7 +190,7 @@ def head_transform(text: Any, arch: Architecture) -> dict[str, Any]:
             "logit_softcap": float(cap) if cap is not None else None}
 
 
-def vision_depth(config: Any, arch: Architecture) -> int:
+def vision_depth(config: transformers.PretrainedConfig, arch: Architecture) -> int:
     """The number of layers in the vision tower (Qwen's vision configs call it `depth`)."""
     if not arch.is_multimodal:
         return 0

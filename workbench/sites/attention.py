@@ -13,6 +13,8 @@ from .readers import saved_copy
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
+    from ..capture import CapturePlan
+
 
 def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch.Tensor:
     """Attention probabilities (batch, heads, query, key) from the arguments of a decoder layer's
@@ -62,6 +64,7 @@ class AttentionCapture(Record):
     reduced as they are read: per query the mass on vision keys, and the last query's full row
     (the decode step's)."""
 
+    layers: tuple[int, ...]
     _fields = ("layers",)
 
     def targets(self) -> list[tuple[tuple[int, int, float], int]]:
@@ -83,7 +86,7 @@ class AttentionCapture(Record):
 
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.attention = AttentionCapture(layers)
 
 

@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from .base import Site, branch_output, register_site
 from .readers import LayerOutputCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int) -> Any:
     return branch_output(model, "attn_out", layer)
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (LayerOutputCapture("attn_out", layers),)
 
 

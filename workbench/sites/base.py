@@ -36,12 +36,15 @@ builtins, numpy and `Record` only, here and in every site module.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
 from ..models.protocol import ModelLike
 from ..records import Record
+
+if TYPE_CHECKING:
+    from ..models.architectures import Architecture
 
 
 class Site(Record):
@@ -72,6 +75,19 @@ class Site(Record):
     check: (Architecture) -> None, or why this family lacks the site
     read_key: (layer) -> the execution-order key of a read, where it is not (stage, layer, phase)"""
 
+    name: str
+    stage: int
+    index: str | None
+    vision: bool
+    stores: dict[str, tuple[str, ...]]
+    editable: bool
+    access: str
+    phase: int
+    steps: str
+    tensor: Callable[..., Any] | None
+    capture: Callable[..., str | None] | None
+    check: Callable[[Architecture], str | None] | None
+    read_key: Callable[[int | None], tuple[int, int, int]] | None
     _fields = ("name", "stage", "index", "vision", "stores", "editable", "access", "phase", "steps", "tensor",
                "capture", "check", "read_key")
     _defaults = {"index": None, "vision": False, "editable": False, "phase": 1, "steps": "prefill", "tensor": None,
@@ -180,6 +196,10 @@ class BatchRow(Record):
       to the longest: positions 0..length-1 are the row's own, the rest pads); None: every
       position is the row's (no padding, or a one-token decode step)."""
 
+    index: int
+    of: int
+    units: tuple[int, ...] | None
+    length: int | None
     _fields = ("index", "of", "units", "length")
     _defaults = {"units": None, "length": None}
 
@@ -239,7 +259,7 @@ def site_modules(model: ModelLike, name: str) -> dict[str, Any]:
     if name == "projector":
         paths = arch.projector
     elif name == "projector.merger":
-        paths = (arch.projector_merger,)
+        paths = (cast(str, arch.projector_merger),)  # a vision site: every multimodal family declares one
     else:
         paths = (arch.projector_parts[name[len(PROJECTOR_PART_PREFIX):]],)
     return {f"{path}#{i}": envoy for path in paths for i, envoy in enumerate(model.module(path))}

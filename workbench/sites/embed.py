@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from .base import Site, register_site
 from .readers import ModuleOutputCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int | None) -> Any:
     return model.module(model.arch.embed)[0].output
 
 
-def capture(plan: Any, layers: None) -> None:
+def capture(plan: CapturePlan, layers: None) -> None:
     plan.outputs += (ModuleOutputCapture("embed"),)
 
 

@@ -3,7 +3,7 @@ the weights in the trace."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from ..models.protocol import ModelLike
 from ..records import Record
 from .base import Site, order, register_site, site
 from .readers import saved_copy
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
@@ -21,6 +24,7 @@ class EmbeddingTableCapture(Record):
     module's weight inside the trace (so it works where the weights live, NDIF included), scaled
     as the module scales its output (`embed_scale`, Gemma-3)."""
 
+    site: str
     _fields = ("site",)
     _defaults = {"site": "embed_table"}
     prompt_only = True
@@ -39,12 +43,12 @@ class EmbeddingTableCapture(Record):
         saved[(self.site, None)] = [saved_copy(norms)]
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
-        return {site(self.site).variable: merged[(self.site, None)][0][None].numpy()}
+        return {cast(str, site(self.site).variable): merged[(self.site, None)][0][None].numpy()}
 
 
 
 
-def capture(plan: Any, layers: None) -> None:
+def capture(plan: CapturePlan, layers: None) -> None:
     plan.outputs += (EmbeddingTableCapture(),)
 
 

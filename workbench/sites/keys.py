@@ -3,13 +3,16 @@ cache after the prompt forward, heads flattened."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .base import Site, register_site
 from .readers import add_kv
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
-def capture(plan: Any, layers: tuple[int, ...]) -> str | None:
+
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> str | None:
     return add_kv(plan, "keys", layers)
 
 

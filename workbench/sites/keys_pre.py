@@ -3,18 +3,21 @@ W_K·Norm(h)), heads flattened like `keys`. Read through `.source` (`Architectur
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from .base import Site, register_site
 from .readers import LayerOutputCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int) -> Any:
     return getattr(model.decoder_layers()[layer].self_attn.source, model.arch.key_projection_call).output
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (LayerOutputCapture("keys_pre", layers),)
 
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from ..records import Record
 from .base import Site, order, register_site, residual_envoy, running_layer, token_rows
 from .readers import saved_copy
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
+
 
 class ResidualCapture(Record):
     """The residual stream at each listed layer index, for every position."""
 
+    layers: tuple[int, ...]
+    variable: str
     _fields = ("layers", "variable")
     _defaults = {"variable": "hidden"}
 
@@ -30,7 +35,7 @@ def tensor(model: ModelLike, layer: int) -> Any:
     return residual_envoy(model, layer).input
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.residual = ResidualCapture(layers)
 
 

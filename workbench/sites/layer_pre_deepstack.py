@@ -3,11 +3,14 @@ l-1's own output; index 0 is the LLM input."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models.protocol import ModelLike
 from .base import LAYER_OUTPUT_PHASE, Site, first_tensor, order, register_site, residual_envoy
 from .readers import LayerOutputCapture
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 
 def tensor(model: ModelLike, layer: int) -> Any:
@@ -25,7 +28,7 @@ def check(arch: Any) -> str | None:
     return None if arch.deepstack else f"{arch.family} has no DeepStack (its h_l has no add to read before); expected layer"
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (LayerOutputCapture("layer.pre_deepstack", layers),)
 
 

@@ -12,6 +12,9 @@ from ..records import Record
 from .base import Site, read_order, register_site, residual_envoy, running_layer, token_rows
 from .readers import saved_copy
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
+
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
 
@@ -26,6 +29,8 @@ class LogitLensCapture(Record):
     per position (rank 0 = the most likely). At l = L it is the model's own next-token
     distribution (the final norm's output through the head)."""
 
+    layers: tuple[int, ...]
+    k: int
     _fields = ("layers", "k")
     _defaults = {"k": LENS_TOP_K}
     rows = "tokens"
@@ -52,7 +57,7 @@ class LogitLensCapture(Record):
 
 
 
-def capture(plan: Any, layers: tuple[int, ...]) -> None:
+def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
     plan.outputs += (LogitLensCapture(layers),)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .base import Site, register_site
 
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
-def capture(plan: Any, layers: None) -> None:
+
+def capture(plan: CapturePlan, layers: None) -> None:
     plan.logits = True
 
 

@@ -5,13 +5,16 @@ its module. Shipped to NDIF servers: torch, numpy, typing and `Record` only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..models.protocol import ModelLike
 from ..records import Record
 from .base import batch_rows, order, read_order, site, site_tensor, token_rows
+
+if TYPE_CHECKING:
+    from ..capture import CapturePlan
 
 if TYPE_CHECKING:  # torch is imported where a reader runs: `analyses` reads the site registry
     import torch  # (dims, phases) where torch is not installed
@@ -41,6 +44,7 @@ class ModuleOutputCapture(Record):
     """A per-position module output: `embed` (token embeddings, before image features are
     scattered in) or `final_norm` (the normed residual the LM head reads). Stored (token, dim)."""
 
+    site: str
     _fields = ("site",)
     rows = "tokens"
 
@@ -61,6 +65,8 @@ class LayerOutputCapture(Record):
     layer's `keys_pre`, `attn_out` or `mlp_out` (`decoder_layer` 0..L-1), or Qwen3-VL's
     `layer.pre_deepstack` (`layer` 0..L). Stored (token, layer dim, width)."""
 
+    site: str
+    layers: tuple[int, ...]
     _fields = ("site", "layers")
     rows = "tokens"
 
@@ -75,7 +81,7 @@ class LayerOutputCapture(Record):
         """{variable: (token, layer, width)}; a prompt over two traces (kv_swap) is joined."""
         import torch
         per_layer = [torch.cat(merged[(self.site, l)], dim=0) for l in self.layers]
-        return {site(self.site).variable: torch.stack(per_layer, dim=1).numpy()}
+        return {cast(str, site(self.site).variable): torch.stack(per_layer, dim=1).numpy()}  # a captured site's
 
 
 class PatchCapture(Record):
@@ -83,6 +89,8 @@ class PatchCapture(Record):
     receives it) or `vision_layer` (each listed tower layer's output). Read in the prompt forward
     only (decode steps do not run the tower), and not at all without an image (`image: none`)."""
 
+    site: str
+    layers: tuple[int, ...] | None
     _fields = ("site", "layers")
     _defaults = {"layers": None}
     prompt_only = True
@@ -90,7 +98,7 @@ class PatchCapture(Record):
 
     def targets(self) -> list[tuple[tuple[int, int, float], int | None]]:
         if self.site == "vision_layer":
-            return [(order(self.site, l, 1), l) for l in self.layers]
+            return [(order(self.site, l, 1), l) for l in self.layers or ()]
         return [(order(self.site, None, 1), None)]
 
     def read(self, model: ModelLike, layer: int | None, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:
@@ -103,8 +111,8 @@ class PatchCapture(Record):
 
     def collect(self, merged: dict[Any, list[torch.Tensor]]) -> dict[str, np.ndarray]:
         import torch
-        variable = site(self.site).variable
-        if self.site == "vision_layer":
+        variable = cast(str, site(self.site).variable)  # a captured site stores one
+        if self.site == "vision_layer" and self.layers:
             if (self.site, self.layers[0]) not in merged:
                 return {}
             return {variable: torch.stack([merged[(self.site, l)][0] for l in self.layers], dim=1).numpy()}
@@ -114,6 +122,9 @@ class PatchCapture(Record):
 class CachedKVCapture(Record):
     """K and/or V of each listed layer, read from the KV cache after the prompt forward."""
 
+    layers: tuple[int, ...]
+    keys: bool
+    values: bool
     _fields = ("layers", "keys", "values")
     _defaults = {"keys": True, "values": True}
 
@@ -134,7 +145,7 @@ class CachedKVCapture(Record):
 
 
 
-def add_kv(plan: Any, part: str, layers: tuple[int, ...]) -> str | None:
+def add_kv(plan: CapturePlan, part: str, layers: tuple[int, ...]) -> str | None:
     """Capture `part` ("keys" or "values") of `layers` from the cache: one `CachedKVCapture`
     reads both, so they must share their layers."""
     if plan.kv is None:

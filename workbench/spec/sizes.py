@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from .fields import DATBENCH_CONFIGS, _fail_many
 from .problems import Problem, SpecPath
 from .yaml_lines import _line_of
+
+if TYPE_CHECKING:
+    from .schema import Spec
 
 DEFAULT_MAX_CONDITIONS = 100_000
 DEFAULT_MAX_SAMPLES = 1_000_000
@@ -89,7 +92,7 @@ def count_samples(n: int, source: str, exclude: Iterable[str] = ()) -> int:
     return n
 
 
-def spec_condition_count(spec: Any) -> int:
+def spec_condition_count(spec: Spec) -> int:
     """Conditions a validated spec expands to, counted without expanding them."""
     from .sweeps import axis_length  # sweeps reads the schema's fields; sizes is read first
 

@@ -29,9 +29,12 @@ import os
 import secrets
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from .. import verified
+
+if TYPE_CHECKING:
+    import icechunk
 
 
 
@@ -128,7 +131,7 @@ def _announced(store: Path) -> set[str]:
     return {s for s in out if s}
 
 
-def compact(repo: Any, store: Path) -> dict[str, int]:
+def compact(repo: icechunk.Repository, store: Path) -> dict[str, int]:
     """Expire the snapshots older than the oldest one a live reader announces (or than now), less
     `compact_grace()`, and delete what only they referenced. Returns what was deleted, counted."""
     with _gate(store, fcntl.LOCK_EX):

@@ -28,7 +28,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import zarr
 
@@ -38,6 +38,9 @@ from .paths import _NoLock, _WriterLock, check_store_path
 from .repository import (
     BRANCH, _condition_groups, _icechunk, _repo_config, _root_of, _snapshot_problem, _storage, is_store,
 )
+
+if TYPE_CHECKING:
+    import icechunk
 
 # where icechunk 1.1 keeps a repository's branch pointer and config (icechunk/src/refs.rs,
 # icechunk/src/repository.rs): named in messages, and deleted or replaced only as whole files
@@ -210,7 +213,7 @@ def _view(files: _Files) -> Iterator[Any]:
 # -- diagnosis -------------------------------------------------------------------------------------
 
 
-def _results(repo: Any, snapshot_id: str) -> int | None:
+def _results(repo: icechunk.Repository, snapshot_id: str) -> int | None:
     """How many results a snapshot holds, or None if its metadata does not read back."""
     try:
         session = repo.readonly_session(snapshot_id=snapshot_id)
@@ -222,7 +225,7 @@ def _results(repo: Any, snapshot_id: str) -> int | None:
         return None
 
 
-def _tagged(repo: Any) -> dict[str, list[str]]:
+def _tagged(repo: icechunk.Repository) -> dict[str, list[str]]:
     """snapshot id -> the tags that name it."""
     tags: dict[str, list[str]] = {}
     for tag in sorted(repo.list_tags()):
@@ -233,7 +236,7 @@ def _tagged(repo: Any) -> dict[str, list[str]]:
     return tags
 
 
-def _intact(repo: Any, stored: list[str]) -> list[IntactSnapshot]:
+def _intact(repo: icechunk.Repository, stored: list[str]) -> list[IntactSnapshot]:
     """Every tagged snapshot that reads back, and the newest stored one that does, newest first.
     The repository's first snapshot (empty, no parent) is not counted: restoring it restores nothing."""
     tags = _tagged(repo)
@@ -277,7 +280,7 @@ def _metadata_problems(storage: Any) -> tuple[list[str], list[str], bool]:
     return problems, damaged, replace
 
 
-def _branch_problem(repo: Any) -> str | None:
+def _branch_problem(repo: icechunk.Repository) -> str | None:
     """Why the branch's snapshot is not the store's state: it does not read back, or it is the
     empty first snapshot while run tags name later ones (a repair stopped halfway)."""
     problem = _snapshot_problem(repo)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zarr
 
 from ..errors import StoreError
 from ..names import RESERVED_NAMES
 from .objects import ObjectStore, _short, location
+
+if TYPE_CHECKING:
+    import icechunk
 
 
 # 3: no per-token sample/position arrays (derived from the run rows), per-run text labels in one array
@@ -63,7 +66,7 @@ def _repo_config() -> Any:
     return ic.RepositoryConfig(inline_chunk_threshold_bytes=0)
 
 
-def _open_repo(path: Path) -> Any:
+def _open_repo(path: Path) -> icechunk.Repository:
     ic = _icechunk()
     try:
         return ic.Repository.open(_storage(path), config=_repo_config())
@@ -72,7 +75,7 @@ def _open_repo(path: Path) -> Any:
                          hint=f"run `workbench verify {path}` to see what is damaged") from None
 
 
-def _root_of(repo: Any, session: Any, store: Any = None) -> zarr.Group:
+def _root_of(repo: icechunk.Repository, session: icechunk.Session, store: Any = None) -> zarr.Group:
     """The root group of a snapshot (through `store`, one of the session's stores, if given); an
     empty one for a repository created but never committed to (a run killed before its first
     result). A later snapshot without a root is damage."""
@@ -88,7 +91,7 @@ def _root_of(repo: Any, session: Any, store: Any = None) -> zarr.Group:
         return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
 
 
-def _snapshot_problem(repo: Any, session: Any = None) -> str | None:
+def _snapshot_problem(repo: icechunk.Repository, session: icechunk.Session | None = None) -> str | None:
     """Why a snapshot's metadata (the branch's, by default) does not read back, or None: its root,
     every group and its attrs, every array's metadata."""
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -17,6 +17,9 @@ from .objects import ObjectStore, _short, location
 from .readers import announced_reader
 from .repair import diagnose
 from .repository import BRANCH, _condition_groups, _open_repo, _root_of, _snapshot_problem, is_store
+
+if TYPE_CHECKING:
+    import icechunk
 
 
 @dataclass
@@ -66,7 +69,7 @@ def verify_store(path: str | Path | ObjectStore, progress: bool = False) -> list
     return _verify_repo(_open_repo(path), path, progress)
 
 
-def _array_extents(repo: Any, snapshot: str) -> dict[str, tuple[str, int, int]]:
+def _array_extents(repo: icechunk.Repository, snapshot: str) -> dict[str, tuple[str, int, int]]:
     """{"model/condition/variable": (icechunk node id, rows, rows per chunk)} of the arrays of
     `snapshot`'s condition groups. A workbench array only grows (rows appended, its partial last
     chunk rewritten), and one dropped and written again is a new node."""
@@ -96,7 +99,7 @@ def _blocks_since(before: dict[str, tuple[str, int]], now: dict[str, tuple[str, 
     return only, sum(map(len, only.values()))
 
 
-def _verify_repo(repo: Any, path: Path | ObjectStore, progress: bool = False,
+def _verify_repo(repo: icechunk.Repository, path: Path | ObjectStore, progress: bool = False,
                  only: dict[str, set[int]] | None = None) -> list[Damage]:
     """Read back the branch's snapshot; `only`: just these row chunks of these arrays (`_blocks_since`)."""
     problem = _snapshot_problem(repo)

@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import zarr
@@ -33,6 +33,9 @@ from .staging import (
     _same_names, _Staged, _staged_rows, identity_diff,
 )
 from .verify import Damage, _array_extents, _blocks_since, _verify_repo
+
+if TYPE_CHECKING:
+    import icechunk
 
 
 # The writer keeps arrays' partial last chunk rows in memory (`appending`), so that an append
@@ -76,7 +79,7 @@ class StoreWriter:
         except BaseException:
             self._lock.release()
             raise
-        self._session: Any = None
+        self._session: icechunk.Session | None = None
         self._root: zarr.Group | None = None
         self._pending_provenance: list[dict[str, Any]] | None = None
         self._models: dict[str, dict[str, Any]] = {}

@@ -102,6 +102,32 @@ class Architecture(Record):
       module (beside this one) with `build_tiny(out_dir, seed)` and `load_processor(model_dir)`
     A `Record`: it travels to NDIF servers inside the plan."""
 
+    family: str
+    model_class: str
+    config_architectures: tuple[str, ...]
+    embed: str
+    decoder_layers: str
+    final_norm: str
+    lm_head: str
+    vision: str | None
+    vision_layers: str | None
+    vision_output: tuple[str, str] | None
+    vision_config: str
+    projector: tuple[str, ...]
+    projector_merger: str | None
+    projector_parts: dict[str, str]
+    image_token: str | None
+    boundary_tokens: tuple[str, ...]
+    boundary_patterns: tuple[str, ...]
+    text_config: str
+    attention_call: str
+    nest_images: bool
+    drop_keys: tuple[str, ...]
+    per_token_keys: tuple[str, ...]
+    branch_outputs: dict[str, str]
+    key_projection_call: str
+    tiny: str | None
+    client: str | None
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
