@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from .errors import BadInputError
-from .models.protocol import ModelLike
+from .interventions.patch import Patch
+from .models.model import WorkbenchModel
 from .plan import ConditionPlan, ModelPlan
 from .sites import position_index
 from .spec.scans import SCAN_SITES
@@ -55,7 +56,7 @@ def metric_fn(metric: str, tokens: tuple[int, ...]) -> Callable[[torch.Tensor], 
                         "or answer_logprob with one (KL to the base has zero gradient there: no first-order estimate)")
 
 
-def _site_module(model: ModelLike, site: str, layer: int) -> tuple[torch.nn.Module, bool]:
+def _site_module(model: WorkbenchModel, site: str, layer: int) -> tuple[torch.nn.Module, bool]:
     """(torch module, whether the site is its input) of a scan site at `layer`."""
     hf, arch = model.hf, model.arch
     layers = hf.get_submodule(arch.decoder_layers)
@@ -71,7 +72,7 @@ def _main(value: Any) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else value[0]
 
 
-def site_values(model: ModelLike, encoding: dict[str, Any], site: str, layers: list[int],
+def site_values(model: WorkbenchModel, encoding: dict[str, Any], site: str, layers: list[int],
                 metric: Callable[[torch.Tensor], torch.Tensor] | None = None
                 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], float]:
     """One forward of `encoding`: {layer: (seq, dim)} of the site, and with `metric` its gradient
@@ -106,7 +107,7 @@ def site_values(model: ModelLike, encoding: dict[str, Any], site: str, layers: l
             float(value.detach()))
 
 
-def attribution_scan(model: ModelLike, plan: ModelPlan, inputs_by_image: Any, runs: list[ConditionPlan],
+def attribution_scan(model: WorkbenchModel, plan: ModelPlan, inputs_by_image: Any, runs: list[ConditionPlan],
                      metric: str, tokens: tuple[int, ...], backend_kind: str = "local") -> dict[str, float]:
     """{run name: estimated m(run) − m(base)} for a scan's runs on one sample (module doc): one
     forward and backward per base, one forward per donor, whatever the grid's size."""
@@ -116,6 +117,7 @@ def attribution_scan(model: ModelLike, plan: ModelPlan, inputs_by_image: Any, ru
     by_pair: dict[tuple[str, str, str], list[tuple[ConditionPlan, Any]]] = {}
     for run in runs:
         patch = run.interventions[-1]
+        assert isinstance(patch, Patch)  # a scan's run ends with its patch (`spec.scans`)
         base = _base_of(plan, run)
         if patch.site not in SCAN_SITES:
             raise BadInputError(f"{run.name}: attribution takes the scan sites {', '.join(SCAN_SITES)}; got {patch.site!r}")

@@ -216,7 +216,7 @@ def _capture_plan(spec: Spec, check: _Checker) -> CapturePlan:
                                vision=entry.index == "vision_layer") if entry.index else None)
         if layers is not None:
             layers = check.layer_kinds(item.site, item.layers, layers, path + ("layers",))
-        if layers is not None and any(entry.index in dims for dims in entry.stores.values()):
+        if layers is not None and entry.index is not None and any(entry.index in d for d in entry.stores.values()):
             # one coordinate per dim in the store: captures along the same layer dim share it
             first, first_layers = along.setdefault(entry.index, (i, layers))
             if layers != first_layers:

@@ -41,10 +41,11 @@ def progress_bar(total: int | None = None, *, desc: str | None = None, unit: str
     if not enabled:
         return tqdm(total=total, disable=True)
     if in_notebook():
-        from tqdm.notebook import IProgress  # None without ipywidgets (tqdm/notebook.py imports it quietly)
+        from tqdm import notebook
         from tqdm.notebook import tqdm as notebook_tqdm
 
-        if IProgress is not None:
+        # IProgress is None without ipywidgets (tqdm 4.67 tqdm/notebook.py imports it quietly)
+        if getattr(notebook, "IProgress", None) is not None:
             return notebook_tqdm(total=total, desc=desc, unit=unit)
         # the notebook's output area honours the carriage returns of a text bar
         return tqdm(total=total, desc=desc, unit=unit, file=file or sys.stderr, disable=False,

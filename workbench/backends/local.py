@@ -238,7 +238,7 @@ def _resolve(model: ModelLike, inputs_by_image: dict[str, Any], condition: Condi
         item = item.resolve(model)
         source = needs_source(item)
         if source:
-            layers = item.layers if site(item.site).index else (None,)
+            layers: tuple[int | None, ...] = (item.layers or ()) if site(item.site).index else (None,)
             index = position_index(item.positions, inputs.modality)
             source_plan = plan.condition(source)
             values = _site_values(model, inputs_by_image, source_plan, item.site, layers, plan, on_trace, memo)

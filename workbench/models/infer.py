@@ -31,7 +31,8 @@ def declared_paths(arch: Architecture) -> dict[str, str]:
     paths = {"embed": arch.embed, "decoder_layers": arch.decoder_layers, "final_norm": arch.final_norm,
              "lm_head": arch.lm_head}
     if arch.is_multimodal:
-        paths.update(vision=arch.vision, vision_layers=arch.vision_layers, vision_output=arch.vision_output[0])
+        paths.update(vision=arch.vision or "", vision_layers=arch.vision_layers or "",
+                     vision_output=arch.vision_output[0] if arch.vision_output else "")
         paths.update({f"projector[{i}]": p for i, p in enumerate(arch.projector)})
         if arch.projector_merger:
             paths["projector.merger"] = arch.projector_merger
@@ -69,7 +70,7 @@ def layout_problems(arch: Architecture, model: Any, config: Any) -> list[str]:
         return problems
     text = getattr(config, arch.text_config) if arch.text_config else config
     lists = [(arch.decoder_layers, getattr(text, "num_hidden_layers", None))]
-    if arch.is_multimodal:
+    if arch.is_multimodal and arch.vision_layers:
         vision = getattr(config, arch.vision_config)
         depth = getattr(vision, "num_hidden_layers", None)
         lists.append((arch.vision_layers, depth if depth is not None else getattr(vision, "depth", None)))

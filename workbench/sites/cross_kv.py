@@ -35,7 +35,7 @@ class CrossKVCapture(Record):
     rows = "patches"
     site = "cross_kv"
 
-    def targets(self) -> list[tuple[tuple[int, int, int], int]]:
+    def targets(self) -> list[tuple[tuple[int, int, float], int]]:
         return [(read_order("cross_kv", l), l) for l in self.layers]
 
     def read(self, model: ModelLike, layer: int, saved: dict[Any, Any], inputs: Any, row: Any = None) -> None:

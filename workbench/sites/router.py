@@ -39,6 +39,7 @@ class RouterCapture(Record):
     decoder_layer, expert) and (token, decoder_layer, expert_rank)."""
 
     _fields = ("layers",)
+    layers: tuple[int, ...]
     rows = "tokens"
     site = "router"
 

@@ -149,8 +149,6 @@ class Architecture(Record):
                  "hub_id": None, "tiny": None, "client": None}
     _factories = {"projector_parts": dict}
     # the family's quirks, typed (the other fields are module paths and token names: strings)
-    family: str
-    client: str | None
     mrope: bool
     deepstack: bool
     prefix_lm: bool
