@@ -18,6 +18,8 @@ from workbench.data import Sample
 from support.traces import SAMPLE, plan_for, run
 
 VLMS = ["tiny-smolvlm", "tiny-qwen3vl"]
+# the plain-transformers oracles below hold on trained weights too
+from workbench.models.refs import TRAINED_MODEL_NAMES as TRAINED_NAMES  # noqa: E402
 ATOL = 1e-5
 
 
@@ -215,7 +217,7 @@ def test_image_none_and_blank(load_tiny, name):
 # ------------------------------------------------------------------------------ captures
 
 
-@pytest.mark.parametrize("name", VLMS + ["tiny-llama"])
+@pytest.mark.parametrize("name", VLMS + ["tiny-llama", *TRAINED_NAMES])
 def test_logprobs_generation_attention_and_kv_match_transformers(load_tiny, name):
     model = load_tiny(name, attn="eager")
     plan = plan_for(model, "  baseline: {}", "[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}]", generate=3)
@@ -272,7 +274,7 @@ def _reference_hybrid(model, real, blank, positions, layers, parts=("keys", "val
     return torch.log_softmax(out.logits[0, -1], -1).numpy()
 
 
-@pytest.mark.parametrize("name", VLMS)
+@pytest.mark.parametrize("name", VLMS + list(TRAINED_NAMES))
 def test_kv_swap(load_tiny, name):
     model = load_tiny(name, attn="sdpa")
     plan = plan_for(model, """\

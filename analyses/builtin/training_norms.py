@@ -60,7 +60,7 @@ def training_norms_table(models: dict[str, xr.Dataset], options: Options) -> Tab
         "input; ratio: per sample vision / text, then the mean over samples (analyses.training)."))
 
 
-def training_norms_figure(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+def training_norms(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """One column per trained model: the vision and text norms (log y) and their ratio against the
     step of its checkpoints, each stage's start a dotted line named at the top."""
     plot = Plot("training_norms", "Vision (projector output) and text norms at the LLM input over training", options,
@@ -95,6 +95,6 @@ def training_norms_figure(models: dict[str, xr.Dataset], options: Options, out: 
 
 register_analysis(Analysis(
     name="training-norms", section="Projector output and text norms over training", inputs=("hidden",),
-    metrics=(training.training_norms,), table=training_norms_table, figures=(training_norms_figure,),
+    metrics=(training.training_norms,), table=training_norms_table, figures=(training_norms,),
     claim="the projector's mean output norm rises during vision-language alignment to about two orders of "
           "magnitude above the text embeddings", order=15))

@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ QUESTION_WORDS = ("Answer", "How", "Is", "What", "a", "are", "color", "circles",
                   "word", *ANSWER_WORDS)
 VOCAB_SIZE = 384  # embedding rows: 256 bytes + the family's special tokens + the words above, padded
 TRAIN_SEEDS = (1001, 1002, 1003, 1004)  # never 0: the built-in default is the held-out set
-THREADS = 2  # fixed: the float reductions, hence the weights, do not depend on the machine's cores
+THREADS = 1  # fixed: the weights do not depend on the cores; two OpenMP threads spin-wait on a shared machine
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Recipe:
 
 
 _STAGES = (Stage("vocab", 50, 3e-3, images=False), Stage("align", 150, 3e-3, images=True),
-           Stage("finetune", 600, 1e-3, images=True))
+           Stage("finetune", 600, 2e-3, images=True))
 RECIPES: dict[str, Recipe] = {
     "tiny-smolvlm-trained": Recipe(base="tiny-smolvlm", stages=_STAGES),
     "tiny-qwen3vl-trained": Recipe(base="tiny-qwen3vl", stages=_STAGES),
@@ -102,17 +102,22 @@ class _Batches:
         self.batches = [self._encode([samples[i] for i in order[j:j + batch]], images)
                         for j in range(0, len(order) - batch + 1, batch)]
 
+    def _prompt(self, images: bool) -> tuple[str, str]:
+        """The chat template around a question, rendered once (jinja per sample costs ~20 ms)."""
+        marker = "\x00QUESTION\x00"
+        content: list[dict[str, Any]] = [{"type": "image"}] if images else []
+        content.append({"type": "text", "text": marker})
+        text = self.encoder.processor.apply_chat_template([{"role": "user", "content": content}],
+                                                          add_generation_prompt=True, tokenize=False)
+        before, after = text.split(marker)
+        return before, after
+
     def _encode(self, samples: list[Sample], images: bool) -> dict[str, torch.Tensor]:
         enc = self.encoder
         tok = enc.tokenizer
-        texts, pics = [], []
-        for s in samples:
-            content: list[dict[str, Any]] = [{"type": "image"}] if images else []
-            content.append({"type": "text", "text": s.question})
-            text = enc.processor.apply_chat_template([{"role": "user", "content": content}],
-                                                     add_generation_prompt=True, tokenize=False)
-            texts.append(text + s.answer + tok.eos_token)
-            pics.append([s.image] if enc.arch.nest_images else s.image)
+        before, after = self._prompt(images)
+        texts = [before + s.question + after + (s.answer or "") + tok.eos_token for s in samples]
+        pics = [[s.image] if enc.arch.nest_images else s.image for s in samples]
         tok.padding_side = "right"
         if images:
             out = enc.processor(text=texts, images=pics, return_tensors="pt", padding=True)
@@ -197,7 +202,7 @@ def _cycle(batches: list[dict[str, torch.Tensor]], rng: random.Random) -> Iterat
         yield from (batches[i] for i in order)
 
 
-def train(name: str, out_dir: Path, seed: int, log: Any = None) -> dict[str, Any]:
+def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Build trained tiny model `name` into `out_dir`: the base tiny model's random weights (seed),
     the answer-word tokenizer, then the recipe's stages; returns the training record."""
     import transformers
@@ -211,6 +216,7 @@ def train(name: str, out_dir: Path, seed: int, log: Any = None) -> dict[str, Any
     base.mkdir(parents=True)
     TINY_MODELS[recipe.base](base, seed)
     started, cpu_started = time.perf_counter(), time.process_time()
+    transformers.utils.logging.disable_progress_bar()  # a checkpoint's "Writing model shards" bar
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
@@ -241,6 +247,7 @@ def train(name: str, out_dir: Path, seed: int, log: Any = None) -> dict[str, Any
                 sched = torch.optim.lr_scheduler.LambdaLR(
                     opt, lambda i, n=stage.steps: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / n))
                 batches = _cycle(data.batches, rng)
+                end = step + stage.steps
                 for _ in range(stage.steps):
                     loss, acc = _loss(model, next(batches))
                     opt.zero_grad()
@@ -250,9 +257,9 @@ def train(name: str, out_dir: Path, seed: int, log: Any = None) -> dict[str, Any
                     sched.step()
                     step += 1
                     history.append({"step": step, "stage": stage.name, "loss": float(loss.detach()), "accuracy": float(acc)})
-                    if log is not None and step % 25 == 0:
+                    if log is not None and step % 50 == 0:
                         log(f"{name} {stage.name} step {step}: loss {float(loss.detach()):.3f} acc {float(acc):.2f}")
-                    if step % recipe.checkpoint_every == 0 or step == recipe.total_steps:
+                    if step % recipe.checkpoint_every == 0 or step == end:  # and at every stage's end
                         checkpoint(stage.name)
     finally:
         torch.set_num_threads(threads)
@@ -269,7 +276,7 @@ _DEFAULT_SEED = 0
 assert tuple(RECIPES) == TRAINED_MODEL_NAMES  # refs.py names them without importing torch
 
 
-def trained_model_dir(name: str, root: Path | None = None) -> Path:
+def trained_model_dir(name: str, root: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Directory of trained model `name` (``<root>/<name>-v1``, root as for the tiny models),
     trained on first use and cached like them (`tiny.cached_build`). It is the last step's
     checkpoint, with every checkpoint under ``checkpoints/step-N/`` and the training record
@@ -281,7 +288,7 @@ def trained_model_dir(name: str, root: Path | None = None) -> Path:
     root = Path(root).expanduser() if root is not None else _default_root()
 
     def build(tmp: Path) -> None:
-        record = train(name, tmp, _DEFAULT_SEED)
+        record = train(name, tmp, _DEFAULT_SEED, log)
         last = tmp / "checkpoints" / f"step-{record['step']}"
         for f in last.iterdir():
             shutil.copy2(f, tmp / f.name)
@@ -313,3 +320,17 @@ def trained_checkpoint_dir(ref: str, root: Path | None = None) -> Path:
         steps = ", ".join(str(s) for s in checkpoint_steps(name, root))
         raise KeyError(f"{name} has no checkpoint at step {step}; saved steps: {steps}")
     return path
+
+
+def main() -> None:
+    """`python -m workbench.models.training`: build (or find cached) every trained model, printing
+    where it is and how long its build took (wall and CPU seconds, from its record)."""
+    for name in RECIPES:
+        directory = trained_model_dir(name, log=print)
+        record = json.loads((directory / TRAINING_FILE).read_text())
+        print(f"{name}: {directory} (built in {record['build_seconds']} s, {record['build_cpu_seconds']} CPU s, "
+              f"{record['step']} steps)")
+
+
+if __name__ == "__main__":
+    main()
