@@ -38,7 +38,7 @@ def test_checkpoints_resolve_by_name_and_by_directory(trained):
         steps = checkpoint_steps(name)
         assert steps[0] == 0 and steps[-1] == recipe.total_steps
         by_name = model_info(f"{name}@step-{steps[1]}")
-        assert Path(by_name.path) == directory / "checkpoints" / f"step-{steps[1]}"
+        assert Path(by_name.path).resolve() == (directory / "checkpoints" / f"step-{steps[1]}").resolve()
         assert model_info(str(directory / "checkpoints" / f"step-{steps[1]}")).arch == by_name.arch
         with pytest.raises(ModelError, match=f"saved steps: {steps[0]}, {steps[1]}"):
             model_info(f"{name}@step-{steps[-1] + 1}")
