@@ -33,10 +33,9 @@ def training_norms(ds: xr.Dataset, *, reference: str = "baseline", text_set: str
                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
     """`vision_norm`, `text_norm` and `ratio` at layer 0 in `reference`, each with its CI (`stat`),
     with the checkpoint's `step` and `stage` as attrs."""
-    boot = {"n_resamples": n_resamples, "seed": seed}
     labels = ["condition", "layer", "modality"]  # dropped; the n_samples coordinates stay
-    norms = norm_curves(ds, text_set=text_set, **boot).sel(condition=reference, layer=0)
-    ratio = vision_text_ratio(ds, 0, text_set=text_set, **boot).sel(condition=reference)
+    norms = norm_curves(ds, text_set=text_set, n_resamples=n_resamples, seed=seed).sel(condition=reference, layer=0)
+    ratio = vision_text_ratio(ds, 0, text_set=text_set, n_resamples=n_resamples, seed=seed).sel(condition=reference)
     point = training_point(ds) or {}
     return xr.Dataset({"vision_norm": norms.sel(modality="vision").drop_vars(labels, errors="ignore"),
                        "text_norm": norms.sel(modality="text").drop_vars(labels, errors="ignore"),

@@ -177,7 +177,7 @@ def _modules(model: torch.nn.Module, path: str) -> list[torch.nn.Module]:
     return found
 
 
-def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     inputs = {k: v for k, v in batch.items() if k not in ("target_rows", "target_pos", "targets")}
     # the head on the trained positions only (the model's forward would project every position)
     hidden = model.model(**inputs).last_hidden_state[batch["target_rows"], batch["target_pos"]]
@@ -186,13 +186,20 @@ def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch
     return loss, (logits.argmax(-1) == batch["targets"]).float().mean()
 
 
-def _save_checkpoint(model: torch.nn.Module, src: Path, out: Path, meta: dict[str, Any]) -> None:
+def _save_checkpoint(model: Any, src: Path, out: Path, meta: dict[str, Any]) -> None:
     out.mkdir(parents=True)
     for f in src.iterdir():  # tokenizer, processor and chat template files
         if f.is_file() and not f.name.endswith(".safetensors") and f.name not in ("config.json", TRAINING_FILE):
             shutil.copy2(f, out / f.name)
     model.save_pretrained(out, safe_serialization=True)
     (out / TRAINING_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _schedule(steps: int) -> Callable[[int], float]:
+    """The learning-rate factor: a 20-step warm-up, then linear decay to 5% at the stage's end."""
+    def factor(i: int) -> float:
+        return min(1.0, (i + 1) / 20) * max(0.05, 1 - i / steps)
+    return factor
 
 
 def _cycle(batches: list[dict[str, torch.Tensor]], rng: random.Random) -> Iterator[dict[str, torch.Tensor]]:
@@ -211,7 +218,7 @@ def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None
     from .tiny import TINY_MODELS, _FAMILY
 
     recipe = RECIPES[name]
-    arch = _family(_FAMILY[recipe.base])
+    arch: Any = _family(_FAMILY[recipe.base])
     base = out_dir / "base"
     base.mkdir(parents=True)
     TINY_MODELS[recipe.base](base, seed)
@@ -244,8 +251,7 @@ def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None
                 data = encoded[stage.images]
                 params = _trainable(model, stage.name, arch)
                 opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
-                sched = torch.optim.lr_scheduler.LambdaLR(
-                    opt, lambda i, n=stage.steps: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / n))
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(stage.steps))
                 batches = _cycle(data.batches, rng)
                 end = step + stage.steps
                 for _ in range(stage.steps):
