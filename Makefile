@@ -4,13 +4,19 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow typecheck wheel-check docs install clean-stores
+.PHONY: demo test test-slow typecheck wheel-check docs install clean-stores trained-models
 
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# the trained tiny VLMs (tiny-smolvlm-trained, tiny-qwen3vl-trained), trained on the CPU into the
+# model cache ($$WORKBENCH_CACHE or ~/.cache/workbench) once; the tests and the README's offline
+# path reuse them. CI runs it before `make test`; it prints each build's wall and CPU time.
+trained-models: $(STAMP)
+	$(BIN)/python -m workbench.models.training
 
 # the slow drills (kill at every store write, every README command, the benchmark smoke tests,
 # batching on every family): CI runs them after `make test`

@@ -84,6 +84,7 @@ class SyntheticModel:
     top_k: int = 2
     captures: tuple[str, ...] | None = None   # variables this model stores (None: all asked for)
     extra_conditions: tuple[str, ...] | None = None   # of blank/none/hybrid (None: all asked for)
+    step: int | None = None    # a checkpoint of SYNTHETIC_TRAINING at this step (attrs `training`), or none
 
     def norm(self, modality: str, layer: int | np.ndarray) -> np.ndarray:
         """Norm schedule per layer for sample factor 1 (vision carries `ratio`)."""
@@ -112,12 +113,15 @@ class SyntheticModel:
         return np.cos(np.minimum(0.5 * abs(np.log(alpha)) * (1 + 0.1 * np.asarray(layer)), np.pi / 2))
 
 
+# the default models as two checkpoints of one training run (the training-norms analysis)
+SYNTHETIC_TRAINING = {"name": "syn/trained", "stages": [{"stage": "vocab", "start": 0, "end": 50},
+                                                       {"stage": "align", "start": 50, "end": 150}]}
 DEFAULT_MODELS = (
-    SyntheticModel("syn/a-small", n_layers=3, dim=16, heads=2, kv=8, vocab=40, ratio=15.0),
+    SyntheticModel("syn/a-small", n_layers=3, dim=16, heads=2, kv=8, vocab=40, ratio=15.0, step=0),
     # a second model run with less: no K/V or prefill attention, only the α sweep (tables leave it
     # out where it lacks inputs, saying so)
     SyntheticModel("syn/b-deeper", n_layers=4, dim=12, heads=4, kv=6, vocab=30, ratio=20.0,
-                   captures=("hidden", "decode_attention", "logprobs", "generated"), extra_conditions=()),
+                   captures=("hidden", "decode_attention", "logprobs", "generated"), extra_conditions=(), step=150),
 )
 
 
@@ -223,8 +227,10 @@ def write_synthetic_store(
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
     with StoreWriter(path) as writer:
         for k, m in enumerate(models):
+            training = {} if m.step is None else {"training": {**SYNTHETIC_TRAINING, "step": m.step, "stage": next(
+                s["stage"] for s in SYNTHETIC_TRAINING["stages"] if s["start"] <= m.step <= s["end"])}}
             writer.ensure_model(m.model_id, {"family": "synthetic", "n_layers": m.n_layers, "hidden_size": m.dim,
-                                             "kv_heads": 2})  # keys/values: kv = 2 heads x kv/2
+                                             "kv_heads": 2, **training})  # keys/values: kv = 2 heads x kv/2
             written: dict[str, dict[str, Variable]] = {}
             for i_sample, sample in zip(range(first_sample, first_sample + n_samples), samples):
                 rng = np.random.default_rng([seed, k, i_sample])

@@ -4,6 +4,7 @@ path and on a loopback S3 server; a DatBench-shaped copy. Their helpers: tests/s
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 VLM_NAMES = ("tiny-smolvlm", "tiny-qwen3vl")
+from workbench.models.refs import TRAINED_MODEL_NAMES as TRAINED_NAMES  # noqa: E402
+_TRAINED_ROOT: list = []  # the user's model cache, where the trained models persist across sessions
 
 
 @pytest.fixture(scope="session", autouse=True)
 def workbench_cache(tmp_path_factory):
-    """Build tiny models into a cache private to this test session (subprocesses inherit it)."""
+    """Build tiny models into a cache private to this test session (subprocesses inherit it). The
+    trained models (minutes to build) live in the user's cache (`make trained-models`), shared by
+    every session: `ensure_trained` links them in."""
+    from workbench.models.tiny import _default_root
+
+    _TRAINED_ROOT[:] = [_default_root()]
     cache = tmp_path_factory.mktemp("workbench-cache")
     previous = os.environ.get("WORKBENCH_CACHE")
     os.environ["WORKBENCH_CACHE"] = str(cache)
@@ -36,11 +44,32 @@ def load_tiny(workbench_cache):
     from workbench.models.model import load_model
 
     def load(name: str, attn: str = "eager"):
+        if name in TRAINED_NAMES:
+            ensure_trained(name)
         if (name, attn) not in _models:
             _models[(name, attn)] = load_model(name, device="cpu", dtype="float32", attn=attn)
         return _models[(name, attn)]
 
     return load
+
+
+def ensure_trained(name: str):
+    """The trained model `name` from the user's cache (trained there on first use), linked into this
+    session's cache so that `--models NAME` and `NAME@step-N` resolve in subprocesses too."""
+    from workbench.models.training import _VERSION, trained_model_dir
+
+    built = trained_model_dir(name, _TRAINED_ROOT[0])
+    link = Path(os.environ["WORKBENCH_CACHE"]) / "models" / f"{name}-{_VERSION}"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(built, target_is_directory=True)
+    return built
+
+
+@pytest.fixture(scope="session")
+def trained(workbench_cache):
+    """{name: directory} of both trained models (built once into the user's cache)."""
+    return {name: ensure_trained(name) for name in TRAINED_NAMES}
 
 
 # -- stores: a local path and an s3:// URL on a loopback S3 server (support/stores.py) ------------

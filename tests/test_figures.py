@@ -144,6 +144,10 @@ def test_every_registered_figure_is_drawn_and_follows_the_rules(drawn, which):
     registered = [make.__name__ for analysis in registry.analyses() for make in analysis.figures]
     assert [Path(f.name).stem for f in figures] == registered
     for figure in figures:
+        if which == "one model" and figure.name == "training_norms.png":
+            # one checkpoint is one point per curve: a curve over training needs two
+            assert "single point" in (figure.skipped or ""), figure.skipped
+            continue
         assert figure.skipped is None, (figure.name, figure.skipped)
         check(figure)
 

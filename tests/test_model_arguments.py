@@ -96,4 +96,5 @@ def test_a_well_formed_argument_passes_every_command_s_first_check(tmp_path, cap
     assert model_ref_problem(str(tiny_model_dir("tiny-llama"))) is None
     assert model_ref_problem("HuggingFaceTB/SmolVLM2-2.2B-Instruct") is None
     assert model_ref_problem(3) == (f"got 3 (int); expected one of {', '.join(TINY_MODEL_NAMES)}, "
+                                    "tiny-smolvlm-trained, tiny-qwen3vl-trained (a checkpoint: NAME@step-N), "
                                     "a Hugging Face repo id 'org/name', or a local checkpoint directory")

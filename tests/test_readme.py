@@ -77,7 +77,7 @@ def command_of(line: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory, workbench_cache):
+def sandbox(tmp_path_factory, workbench_cache, trained):  # trained: the trained models linked in
     root = tmp_path_factory.mktemp("readme")
     for name in ("specs", "stores"):
         shutil.copytree(REPO / name, root / name)

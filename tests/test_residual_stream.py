@@ -12,6 +12,8 @@ from workbench.capture import CapturePlan, ResidualCapture
 from workbench.interventions.scale import Scale
 from workbench.plan import ConditionPlan, ModelPlan
 
+from workbench.models.refs import TRAINED_MODEL_NAMES as TRAINED_NAMES  # fidelity holds on trained weights too
+
 BASELINE = ConditionPlan("baseline", {}, "real", ())
 
 
@@ -45,7 +47,7 @@ def _image():
     return img
 
 
-@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl", "tiny-llama", *TRAINED_NAMES])
 def test_residual_stream_matches_plain_hooks(load_tiny, name):
     model = load_tiny(name)
     inputs = model.encode(_image(), "What colour is the square?")
@@ -73,7 +75,7 @@ def test_qwen_layers_include_deepstack_add(load_tiny):
         assert np.abs(stored[vision, layer] - hs[layer][0][torch.from_numpy(vision)].numpy()).max() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl"])
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl", *TRAINED_NAMES])
 def test_projector_scale_matches_hooked_scaling(load_tiny, name):
     """scale(projector, a) equals scaling every projector module's output with plain forward hooks
     (for Qwen3-VL: the merger and every DeepStack merger)."""

@@ -118,3 +118,33 @@ def test_analyze_a_runner_store_where_torch_cannot_be_imported(study_stores, tmp
         assert "Traceback" not in result.stderr
         title = "### Scaling the projector output" if name == "alpha_sweep" else "### KV-cache substitution"
         assert title in result.stdout and "tiny-qwen3vl" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def trained_study_tables(tmp_path_factory, trained):
+    """The README's offline path: the four study specs on the trained tiny models, then `analyze`."""
+    from analyses.tables import Options, build_tables
+
+    root = tmp_path_factory.mktemp("trained-study")
+    tables = {}
+    for name in STUDY:
+        store = root / f"{name}.zarr"
+        argv = ["run", str(SPECS / f"{name}.yaml"), "--models", "tiny-smolvlm-trained,tiny-qwen3vl-trained",
+                "--data", "builtin", "--limit", "8", "--store", str(store), "--no-progress", "--no-table"]
+        assert main(argv) == 0
+        tables[name] = {t.name: t for t in build_tables(store, options=Options(n_resamples=50)) if not t.skipped}
+    return tables
+
+
+@pytest.mark.xfail(reason="the 800-step recipe does not yet make the trained models read the image", strict=False)
+@pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
+def test_study_specs_on_the_trained_models_print_tables_that_mean_something(trained_study_tables):
+    """Where the random models give KLs in the thousandths, the trained ones read the image: a blank
+    image or a hundredfold smaller projector output moves the answer."""
+    kv = trained_study_tables["kv_swap"]["kv-substitution"].data
+    assert (kv["kl_real_blank"].sel(stat="value") > 0.5).all()
+    alpha = trained_study_tables["alpha_sweep"]["alpha"].data
+    assert (alpha["logit_kl"].sel(condition="scale[alpha=0.01]", stat="value") > 0.5).all()
+    assert (abs(alpha["logit_kl"].sel(condition="scale[alpha=1.0]", stat="value")) < 1e-6).all()
+    assert "norm-ratio" in trained_study_tables["norm_gap"]
+    assert "compare" in trained_study_tables["image_ablation"]

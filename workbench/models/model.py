@@ -8,6 +8,7 @@ sites (`embed`, `vision`, `projector`, `layer`, ...) to nnsight envoys.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -98,11 +99,20 @@ class ModelInfo(Record):
 
 
 def resolve_model_path(model_id: str) -> str:
-    """A tiny model's name -> its built directory; a local directory -> itself; else a hub id."""
+    """A tiny model's name -> its built directory; a trained tiny model or one of its checkpoints
+    (`NAME@step-N`) -> its directory, trained on first use; a local directory -> itself; else a hub id."""
+    from .refs import parse_trained_ref
     from .tiny import TINY_MODELS, tiny_model_dir
 
     if model_id in TINY_MODELS:
         return str(tiny_model_dir(model_id))
+    if parse_trained_ref(model_id) is not None:
+        from .training import trained_checkpoint_dir
+
+        try:
+            return str(trained_checkpoint_dir(model_id))
+        except KeyError as exc:
+            raise ModelError(f"model {model_id!r}: {exc.args[0]}") from None
     if os.path.isdir(model_id):
         return model_id
     return model_id
@@ -393,6 +403,7 @@ class WorkbenchModel:
             **self.info.describe(),
             "revision": getattr(self.hf.config, "_commit_hash", None),
             "dtype": str(self.dtype).removeprefix("torch."),
+            **training_attrs(self.info.path),  # a trained tiny checkpoint: its step and stages
             "device": self.device,
             # the devices the weights were spread over
             **({"device_map": sorted({str(p.device) for p in self.hf.parameters()})} if self.device_map else {}),
@@ -432,6 +443,17 @@ class WorkbenchModel:
         """Per-run state the family keeps between forwards (Qwen3-VL caches M-RoPE deltas)."""
         if self.arch.mrope:
             self.hf.model.rope_deltas = None
+
+
+def training_attrs(path: str) -> dict[str, Any]:
+    """{"training": {name, step, stage, stages}} of a trained tiny checkpoint directory, else {}."""
+    from .training import TRAINING_FILE
+
+    file = Path(path) / TRAINING_FILE
+    if not file.is_file():
+        return {}
+    record = json.loads(file.read_text())
+    return {"training": {k: record[k] for k in ("name", "step", "stage", "stages")}}
 
 
 def load_model(model_id: str, device: str = "auto", dtype: str = "auto", attn: str = "sdpa",

@@ -21,8 +21,11 @@ if TYPE_CHECKING:
     from .model import ModelInfo
 
 TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
-MODEL_EXPECTED = (f"one of {', '.join(TINY_MODEL_NAMES)}, a Hugging Face repo id 'org/name', "
-                  "or a local checkpoint directory")
+# the tiny models trained on the built-in task (workbench.models.training), each with checkpoints
+TRAINED_MODEL_NAMES = ("tiny-smolvlm-trained", "tiny-qwen3vl-trained")
+MODEL_EXPECTED = (f"one of {', '.join(TINY_MODEL_NAMES)}, {', '.join(TRAINED_MODEL_NAMES)} (a checkpoint: "
+                  "NAME@step-N), a Hugging Face repo id 'org/name', or a local checkpoint directory")
+_TRAINED_REF = re.compile(r"(?P<name>[\w.-]+?)@step-(?P<step>\d+)")
 _HF_REPO_RE = re.compile(r"[\w.-]+/[\w.-]+")
 
 
@@ -40,12 +43,23 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or value.endswith("/") or value.count("/") > 1 or "\\" in value
 
 
+def parse_trained_ref(value: str) -> tuple[str, int | None] | None:
+    """(name, step) of a trained model `tiny-…-trained` (step None: its last) or of one of its
+    checkpoints `tiny-…-trained@step-N`; None if `value` names none."""
+    if value in TRAINED_MODEL_NAMES:
+        return value, None
+    match = _TRAINED_REF.fullmatch(value)
+    if match and match["name"] in TRAINED_MODEL_NAMES:
+        return match["name"], int(match["step"])
+    return None
+
+
 def model_ref_problem(value: Any) -> str | None:
     """None when `value` names a model the workbench can look for; else "<what is wrong>;
     expected <what a model argument is>"."""
     if not isinstance(value, str) or not value.strip():
         return f"{_describe(value)}; expected {MODEL_EXPECTED}"
-    if value in TINY_MODEL_NAMES or _is_dir(value):
+    if value in TINY_MODEL_NAMES or parse_trained_ref(value) is not None or _is_dir(value):
         return None
     path = os.path.expanduser(value)
     if os.path.exists(path):
@@ -54,7 +68,7 @@ def model_ref_problem(value: Any) -> str | None:
         return f"no directory {value!r} (from {os.getcwd()}); expected {MODEL_EXPECTED}"
     if _HF_REPO_RE.fullmatch(value):
         return None
-    close = difflib.get_close_matches(value, TINY_MODEL_NAMES, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(value, TINY_MODEL_NAMES + TRAINED_MODEL_NAMES, n=1, cutoff=0.6)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"unknown model {value!r}{hint}; expected {MODEL_EXPECTED}"
 

@@ -40,7 +40,7 @@ from .architectures.tiny_smolvlm import SMOLVLM_CHAT_TEMPLATE, SMOLVLM_SPECIAL_T
 _VERSION = "v1"
 _DEFAULT_SEED = 0
 _MARKER = "tiny_model.json"  # written last; its presence marks a finished build
-_BUILD_LOCK = threading.Lock()
+_BUILD_LOCK = threading.RLock()  # a trained build builds its base tiny model inside
 
 
 def client(arch):
@@ -78,9 +78,38 @@ def tiny_model_dir(name: str, root: Path | None = None) -> Path:
     if name not in TINY_MODELS:
         raise KeyError(f"unknown tiny model {name!r}; known: {sorted(TINY_MODELS)}")
     root = Path(root).expanduser() if root is not None else _default_root()
-    final = root / f"{name}-{_VERSION}"
+    marker = {"name": name, "version": _VERSION, "seed": _DEFAULT_SEED, "family": _FAMILY[name]}
+    return cached_build(root / f"{name}-{_VERSION}", lambda tmp: TINY_MODELS[name](tmp, _DEFAULT_SEED), marker)
+
+
+def cached_build(final: Path, build: Callable[[Path], object], marker: dict) -> Path:
+    """`final`, built by `build(tmp)` into a temporary sibling and renamed into place unless it
+    exists; `marker` is written last into `tiny_model.json`, whose presence marks a finished build."""
     if (final / _MARKER).is_file():
         return final
+    if final.exists():
+        raise RuntimeError(f"{final} exists but has no {_MARKER}: not a finished tiny-model build; remove it")
+    # The lock serialises builds within one process (threads would otherwise share the global
+    # torch RNG while seeding); other processes are handled by the atomic rename below.
+    with _BUILD_LOCK:
+        if (final / _MARKER).is_file():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+            build(tmp)
+            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                # Another process renamed its finished build into place first (renaming onto a
+                # non-empty directory fails). Use theirs.
+                if not (final / _MARKER).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
     if final.exists():
         raise RuntimeError(f"{final} exists but has no {_MARKER}: not a finished tiny-model build; remove it")
     # The lock serialises builds within one process (threads would otherwise share the global

@@ -1,0 +1,342 @@
+"""Trained tiny VLMs: the tiny SmolVLM2 and Qwen3-VL models (the real transformers classes, random
+weights from `tiny.py`) trained on the built-in synthetic task (colour, shape, count, position) by
+plain PyTorch, staged as a VLM's recipe usually is:
+
+1. `vocab`: the language model alone learns the answer vocabulary from the questions without images
+   (it can reach the right kind of answer, not the right answer);
+2. `align`: the projector alone maps the (still random) vision tower into the LLM;
+3. `finetune`: every weight.
+
+The tokenizer is the tiny model's byte-level one plus each answer word as one added token, so the
+answer is one token then the end of the turn: greedy decoding of a single step is scored.
+Training uses built-in samples of seeds `TRAIN_SEEDS` only; seed 0 (a spec's default `builtin`) is
+held out. Checkpoints are saved along the stages under `checkpoints/step-NNNN/`, each a complete
+checkpoint directory with `trained_model.json` (its step, stage and the stage boundaries); the
+model directory itself is the last step's checkpoint.
+
+Deterministic from the seed: the random init (`tiny.py`), the sample order and the dropout-free
+forward are seeded, and training runs on a fixed number of CPU threads (float reductions do not
+depend on anything else).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import COLORS, RELATIONS, SHAPES, Sample, builtin_samples
+from .refs import TRAINED_MODEL_NAMES, parse_trained_ref
+
+TRAINING_FILE = "trained_model.json"
+# each answer word one added (non-special) token; the counts 1..4 are single bytes already
+ANSWER_WORDS = (*sorted(COLORS), *SHAPES, *RELATIONS)
+# the words of the built-in questions (data.py's formats), each one token with its leading space, so
+# a question is ~25 tokens instead of ~120 bytes: ~4x less compute per training step
+QUESTION_WORDS = ("Answer", "How", "Is", "What", "a", "are", "color", "circles", "image", "in", "is", "many",
+                  "number", "object", "of", "one", "or", "shape", "squares", "the", "to", "triangles", "with",
+                  "word", *ANSWER_WORDS)
+VOCAB_SIZE = 384  # embedding rows: 256 bytes + the family's special tokens + the words above, padded
+TRAIN_SEEDS = (1001, 1002, 1003, 1004)  # never 0: the built-in default is the held-out set
+THREADS = 1  # fixed: the weights do not depend on the cores; two OpenMP threads spin-wait on a shared machine
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # vocab | align | finetune
+    steps: int
+    lr: float
+    images: bool  # the prompts carry their image
+
+
+@dataclass(frozen=True)
+class Recipe:
+    base: str  # the tiny model it starts from
+    stages: tuple[Stage, ...]
+    n_train: int = 1024  # samples per training seed
+    batch: int = 32
+    checkpoint_every: int = 100
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    def boundaries(self) -> list[dict[str, Any]]:
+        """[{stage, start, end}] in steps (end exclusive)."""
+        out, start = [], 0
+        for stage in self.stages:
+            out.append({"stage": stage.name, "start": start, "end": start + stage.steps})
+            start += stage.steps
+        return out
+
+
+_STAGES = (Stage("vocab", 50, 3e-3, images=False), Stage("align", 150, 3e-3, images=True),
+           Stage("finetune", 600, 2e-3, images=True))
+RECIPES: dict[str, Recipe] = {
+    "tiny-smolvlm-trained": Recipe(base="tiny-smolvlm", stages=_STAGES),
+    "tiny-qwen3vl-trained": Recipe(base="tiny-qwen3vl", stages=_STAGES),
+}
+
+
+class _Batches:
+    """Fixed, pre-encoded batches (the processor runs once per sample), each with the positions whose
+    next token is trained (the answer word, then the end of the turn)."""
+
+    def __init__(self, model_dir: Path, samples: list[Sample], batch: int, images: bool, rng: random.Random):
+        from .model import InputEncoder, model_info
+
+        info = model_info(str(model_dir))
+        self.encoder = InputEncoder(info)
+        tok = self.encoder.tokenizer
+        self.eos = tok.convert_tokens_to_ids(tok.eos_token)
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        self.batches = [self._encode([samples[i] for i in order[j:j + batch]], images)
+                        for j in range(0, len(order) - batch + 1, batch)]
+
+    def _prompt(self, images: bool) -> tuple[str, str]:
+        """The chat template around a question, rendered once (jinja per sample costs ~20 ms)."""
+        marker = "\x00QUESTION\x00"
+        content: list[dict[str, Any]] = [{"type": "image"}] if images else []
+        content.append({"type": "text", "text": marker})
+        text = self.encoder.processor.apply_chat_template([{"role": "user", "content": content}],
+                                                          add_generation_prompt=True, tokenize=False)
+        before, after = text.split(marker)
+        return before, after
+
+    def _encode(self, samples: list[Sample], images: bool) -> dict[str, torch.Tensor]:
+        enc = self.encoder
+        tok = enc.tokenizer
+        before, after = self._prompt(images)
+        texts = [before + s.question + after + (s.answer or "") + tok.eos_token for s in samples]
+        pics = [[s.image] if enc.arch.nest_images else s.image for s in samples]
+        tok.padding_side = "right"
+        if images:
+            out = enc.processor(text=texts, images=pics, return_tensors="pt", padding=True)
+        else:
+            out = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        batch = {k: v for k, v in out.items() if isinstance(v, torch.Tensor) and k not in enc.arch.drop_keys}
+        lengths = batch["attention_mask"].sum(1)
+        rows = torch.arange(len(samples))
+        # logits at position p predict token p+1: the answer word at len-2, the end of turn at len-1
+        batch["target_rows"] = torch.cat([rows, rows])
+        batch["target_pos"] = torch.cat([lengths - 3, lengths - 2])
+        batch["targets"] = torch.cat([batch["input_ids"][rows, lengths - 2], batch["input_ids"][rows, lengths - 1]])
+        assert (batch["targets"][len(samples):] == self.eos).all(), "each answer must be one token"
+        return batch
+
+
+def word_tokenizer(model_dir: Path, model: Any) -> None:
+    """Add the answer words (bare: an answer follows the prompt directly) and the question words
+    (after a space; the first words bare too) to the saved tokenizer as single tokens, and grow the
+    model's embedding rows to `VOCAB_SIZE`. Added tokens match longest first (tokenizers 0.22
+    AddedVocabulary), so " red" wins over "red" after a space."""
+    from tokenizers import AddedToken
+
+    from .tinykit import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    words = dict.fromkeys([*ANSWER_WORDS, "What", "How", "Is", *(f" {w}" for w in QUESTION_WORDS)])
+    tok.add_tokens([AddedToken(w, normalized=False, special=False) for w in words])
+    if len(tok) > VOCAB_SIZE:
+        raise ValueError(f"{len(tok)} tokens do not fit the {VOCAB_SIZE} embedding rows")
+    tok.save_pretrained(model_dir)
+    model.resize_token_embeddings(VOCAB_SIZE, mean_resizing=False)
+    model.save_pretrained(model_dir, safe_serialization=True)
+
+
+def _trainable(model: torch.nn.Module, stage: str, arch: Any) -> list[torch.nn.Parameter]:
+    """The parameters a stage trains: the LM (embeddings, decoder, head), the projector, or all."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if stage == "finetune":
+        chosen = list(model.parameters())
+    elif stage == "align":
+        chosen = [p for path in arch.projector for m in _modules(model, path) for p in m.parameters()]
+    else:
+        vision = set(id(p) for m in _modules(model, arch.vision) for p in m.parameters())
+        chosen = [p for p in model.parameters() if id(p) not in vision]
+    for p in chosen:
+        p.requires_grad_(True)
+    return chosen
+
+
+def _modules(model: torch.nn.Module, path: str) -> list[torch.nn.Module]:
+    """The modules at a dotted path; `*` expands a ModuleList (as the workbench's sites do)."""
+    found = [model]
+    for part in path.split("."):
+        found = [c for m in found for c in m.children()] if part == "*" else [getattr(m, part) for m in found]
+    return found
+
+
+def _loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = {k: v for k, v in batch.items() if k not in ("target_rows", "target_pos", "targets")}
+    # the head on the trained positions only (the model's forward would project every position)
+    hidden = model.model(**inputs).last_hidden_state[batch["target_rows"], batch["target_pos"]]
+    logits = model.lm_head(hidden)
+    loss = torch.nn.functional.cross_entropy(logits.float(), batch["targets"])
+    return loss, (logits.argmax(-1) == batch["targets"]).float().mean()
+
+
+def _save_checkpoint(model: Any, src: Path, out: Path, meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True)
+    for f in src.iterdir():  # tokenizer, processor and chat template files
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in ("config.json", TRAINING_FILE):
+            shutil.copy2(f, out / f.name)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / TRAINING_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _schedule(steps: int) -> Callable[[int], float]:
+    """The learning-rate factor: a 20-step warm-up, then linear decay to 5% at the stage's end."""
+    def factor(i: int) -> float:
+        return min(1.0, (i + 1) / 20) * max(0.05, 1 - i / steps)
+    return factor
+
+
+def _cycle(batches: list[dict[str, torch.Tensor]], rng: random.Random) -> Iterator[dict[str, torch.Tensor]]:
+    while True:
+        order = list(range(len(batches)))
+        rng.shuffle(order)
+        yield from (batches[i] for i in order)
+
+
+def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Build trained tiny model `name` into `out_dir`: the base tiny model's random weights (seed),
+    the answer-word tokenizer, then the recipe's stages; returns the training record."""
+    import transformers
+
+    from .architectures import family as _family
+    from .tiny import TINY_MODELS, _FAMILY
+
+    recipe = RECIPES[name]
+    arch: Any = _family(_FAMILY[recipe.base])
+    base = out_dir / "base"
+    base.mkdir(parents=True)
+    TINY_MODELS[recipe.base](base, seed)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    transformers.utils.logging.disable_progress_bar()  # a checkpoint's "Writing model shards" bar
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = getattr(transformers, arch.model_class).from_pretrained(base, attn_implementation="eager")
+            word_tokenizer(base, model)
+            model.train()
+            rng = random.Random(f"workbench.trained/{name}/{seed}")
+            samples = [s for sd in TRAIN_SEEDS for s in builtin_samples(recipe.n_train, sd)]
+            history: list[dict[str, Any]] = []
+            meta = {"name": name, "base": recipe.base, "seed": seed, "stages": recipe.boundaries(),
+                    "train_seeds": list(TRAIN_SEEDS), "answer_words": list(ANSWER_WORDS)}
+            step = 0
+            ckpt = out_dir / "checkpoints"
+
+            def checkpoint(stage: str) -> None:
+                _save_checkpoint(model, base, ckpt / f"step-{step}", {**meta, "step": step, "stage": stage})
+
+            checkpoint(recipe.stages[0].name)
+            encoded: dict[bool, _Batches] = {}  # with and without images, each encoded once
+            for stage in recipe.stages:
+                if stage.images not in encoded:
+                    encoded[stage.images] = _Batches(base, samples, recipe.batch, stage.images, rng)
+                data = encoded[stage.images]
+                params = _trainable(model, stage.name, arch)
+                opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(stage.steps))
+                batches = _cycle(data.batches, rng)
+                end = step + stage.steps
+                for _ in range(stage.steps):
+                    loss, acc = _loss(model, next(batches))
+                    opt.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, 1.0)
+                    opt.step()
+                    sched.step()
+                    step += 1
+                    history.append({"step": step, "stage": stage.name, "loss": float(loss.detach()), "accuracy": float(acc)})
+                    if log is not None and step % 50 == 0:
+                        log(f"{name} {stage.name} step {step}: loss {float(loss.detach()):.3f} acc {float(acc):.2f}")
+                    if step % recipe.checkpoint_every == 0 or step == end:  # and at every stage's end
+                        checkpoint(stage.name)
+    finally:
+        torch.set_num_threads(threads)
+    record = {**meta, "step": step, "stage": recipe.stages[-1].name, "history": history,
+              "build_seconds": round(time.perf_counter() - started, 1),
+              "build_cpu_seconds": round(time.process_time() - cpu_started, 1)}
+    return record
+
+
+# --------------------------------------------------------------------------- names and the cache
+
+_VERSION = "v1"  # bump when a recipe or the training code changes: stale builds are never reused
+_DEFAULT_SEED = 0
+assert tuple(RECIPES) == TRAINED_MODEL_NAMES  # refs.py names them without importing torch
+
+
+def trained_model_dir(name: str, root: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """Directory of trained model `name` (``<root>/<name>-v1``, root as for the tiny models),
+    trained on first use and cached like them (`tiny.cached_build`). It is the last step's
+    checkpoint, with every checkpoint under ``checkpoints/step-N/`` and the training record
+    (stages, loss per step, build time) in `trained_model.json`."""
+    from .tiny import _default_root, cached_build
+
+    if name not in RECIPES:
+        raise KeyError(f"unknown trained model {name!r}; known: {sorted(RECIPES)}")
+    root = Path(root).expanduser() if root is not None else _default_root()
+
+    def build(tmp: Path) -> None:
+        record = train(name, tmp, _DEFAULT_SEED, log)
+        last = tmp / "checkpoints" / f"step-{record['step']}"
+        for f in last.iterdir():
+            shutil.copy2(f, tmp / f.name)
+        (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(tmp / "base")
+
+    marker = {"name": name, "version": _VERSION, "seed": _DEFAULT_SEED, "family": RECIPES[name].base}
+    return cached_build(root / f"{name}-{_VERSION}", build, marker)
+
+
+def checkpoint_steps(name: str, root: Path | None = None) -> list[int]:
+    """The steps of `name`'s saved checkpoints, ascending (building the model if need be)."""
+    found = (trained_model_dir(name, root) / "checkpoints").glob("step-*")
+    return sorted(int(p.name.removeprefix("step-")) for p in found)
+
+
+def trained_checkpoint_dir(ref: str, root: Path | None = None) -> Path:
+    """The directory a trained-model reference names: the model, or one checkpoint (`@step-N`).
+    KeyError naming the saved steps for a step that was not saved."""
+    parsed = parse_trained_ref(ref)
+    if parsed is None:
+        raise KeyError(f"{ref!r} names no trained model; known: {', '.join(RECIPES)} (optionally @step-N)")
+    name, step = parsed
+    model = trained_model_dir(name, root)
+    if step is None:
+        return model
+    path = model / "checkpoints" / f"step-{step}"
+    if not path.is_dir():
+        steps = ", ".join(str(s) for s in checkpoint_steps(name, root))
+        raise KeyError(f"{name} has no checkpoint at step {step}; saved steps: {steps}")
+    return path
+
+
+def main() -> None:
+    """`python -m workbench.models.training`: build (or find cached) every trained model, printing
+    where it is and how long its build took (wall and CPU seconds, from its record)."""
+    for name in RECIPES:
+        directory = trained_model_dir(name, log=print)
+        record = json.loads((directory / TRAINING_FILE).read_text())
+        print(f"{name}: {directory} (built in {record['build_seconds']} s, {record['build_cpu_seconds']} CPU s, "
+              f"{record['step']} steps)")
+
+
+if __name__ == "__main__":
+    main()
