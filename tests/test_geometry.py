@@ -15,7 +15,10 @@ processors' largest downscale of the 96 x 64 test image, 3x, plus one):
 - every token whose box meets R shrunk by M changed (every token that sees R moves);
 - some tokens changed and some did not (the region is local).
 A family declaring no positions (Idefics2's perceiver resampler) is checked the other way: every
-one of its latents changes, so no latent has a place.
+one of its latents changes, so no latent has a place. A cross-attention family (Mllama) has no
+vision token at all: its image marker is a boundary token, no token holds geometry, and the
+repainted region moves the projector output (the cross-attention K/V) but not one row of the
+first decoder layer's input.
 """
 
 from __future__ import annotations
@@ -82,16 +85,14 @@ def _identity(module: torch.nn.Module, args: tuple, kwargs: dict, output: object
     return (given, *output[1:]) if isinstance(output, tuple) else given
 
 
-def _measure(arch: Architecture, size: tuple[int, int] = (96, 64),
-             region: tuple[int, int, int, int] = REGION) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
-    """(changed, geometry) over the prompt's vision tokens: which tokens' projector output moved
-    when `region` of a `size` image was repainted, and the geometry the encoder stores for them."""
-    info = model_info(arch.tiny)
-    encoder = InputEncoder(info)
+def _load(arch: Architecture) -> tuple[InputEncoder, torch.nn.Module]:
+    encoder = InputEncoder(model_info(arch.tiny))
     hf = getattr(transformers, arch.model_class).from_pretrained(str(tiny_model_dir(arch.tiny)), dtype=torch.float32)
-    hf.eval()
-    for layer in hf.get_submodule(arch.vision_layers):
-        layer.register_forward_hook(_identity, with_kwargs=True)
+    return encoder, hf.eval()
+
+
+def _encode_pair(encoder: InputEncoder, size: tuple[int, int], region: tuple[int, int, int, int]) -> tuple:
+    """The prompt encoded with a noise image of `size`, and with `region` of it repainted."""
     base = _noise(1, size)
     repainted = base.copy()
     x0, y0, x1, y1 = region
@@ -99,6 +100,17 @@ def _measure(arch: Architecture, size: tuple[int, int] = (96, 64),
     inputs = encoder.encode(Image.fromarray(base), "What is shown?")
     other = encoder.encode(Image.fromarray(repainted), "What is shown?")
     assert np.array_equal(inputs.input_ids, other.input_ids)
+    return inputs, other
+
+
+def _measure(arch: Architecture, size: tuple[int, int] = (96, 64),
+             region: tuple[int, int, int, int] = REGION) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+    """(changed, geometry) over the prompt's vision tokens: which tokens' projector output moved
+    when `region` of a `size` image was repainted, and the geometry the encoder stores for them."""
+    encoder, hf = _load(arch)
+    for layer in hf.get_submodule(arch.vision_layers):
+        layer.register_forward_hook(_identity, with_kwargs=True)
+    inputs, other = _encode_pair(encoder, size, region)
     a = _first_layer_input(hf, arch, inputs.encoding)
     b = _first_layer_input(hf, arch, other.encoding)
     vision = inputs.modality == "vision"
@@ -117,6 +129,9 @@ def _meets(boxes: np.ndarray, region: tuple[float, float, float, float]) -> np.n
 
 @pytest.mark.parametrize("arch", TINY_VLMS, ids=lambda a: a.family)
 def test_stored_boxes_are_the_tokens_a_region_reaches(arch: Architecture) -> None:
+    if arch.cross_attention_layers:
+        _check_cross_attention_places_no_token(arch)
+        return
     changed, geometry = _measure(arch)
     if arch.geometry.layout is None:
         assert geometry is None
@@ -133,6 +148,27 @@ def test_stored_boxes_are_the_tokens_a_region_reaches(arch: Architecture) -> Non
     assert not len(outside), f"{arch.family}: tokens {outside.tolist()} changed, their boxes {boxes[outside].tolist()} miss R"
     missed = np.flatnonzero(shrunk & ~changed)
     assert not len(missed), f"{arch.family}: tokens {missed.tolist()} cover R ({boxes[missed].tolist()}) but did not change"
+
+
+def _check_cross_attention_places_no_token(arch: Architecture) -> None:
+    """The image reaches a cross-attention family's decoder only as K/V: repainting a region moves
+    the projector's output, while no token is vision, none holds a place, and the first decoder
+    layer's input is the same for both images."""
+    assert arch.geometry is not None and arch.geometry.layout is None
+    encoder, hf = _load(arch)
+    inputs, other = _encode_pair(encoder, (96, 64), REGION)
+    assert not (inputs.modality == "vision").any(), f"{arch.family}: a token is labelled vision"
+    marker = inputs.input_ids == encoder.image_token_id
+    assert marker.sum() == 1 and (inputs.modality[marker] == "boundary").all()
+    assert inputs.geometry is None
+    projected: list[torch.Tensor] = []
+    handle = hf.get_submodule(arch.projector_merger).register_forward_hook(
+        lambda module, args, output: projected.append(output.detach().clone()))
+    a = _first_layer_input(hf, arch, inputs.encoding)
+    b = _first_layer_input(hf, arch, other.encoding)
+    handle.remove()
+    assert not torch.equal(projected[0], projected[1]), f"{arch.family}: the repainted region did not reach the K/V"
+    assert torch.equal(a, b), f"{arch.family}: a token of the residual stream carries the image before the first layer"
 
 
 PADDED = [a for a in TINY_VLMS if a.geometry is not None and a.geometry.layout == "padded_square_grid"]

@@ -11,7 +11,7 @@ state of its last `conv_L_cache` inputs, not K/V per position, so `kv_swap` swap
 layers' K/V and refuses convolution layers with the reason. Large images are split into 512 px
 tiles plus a thumbnail, framed by `<|img_row_i_col_j|>` and `<|img_thumbnail|>`."""
 
-from .base import Architecture
+from .base import Architecture, PatchGeometry
 
 LFM2_VL = Architecture(
     family="lfm2_vl",
@@ -37,6 +37,8 @@ LFM2_VL = Architecture(
     layer_types="layer_types",
     # the projector reads one grid of every image's patches (`get_image_features`): batch dim 1
     packed_connector=True,
+    # a family layout: one smart-resized grid, or tiles and a thumbnail (tiny_lfm2_vl.layout)
+    geometry=PatchGeometry(layout="layout"),
     hub_id="LiquidAI/LFM2-VL-1.6B",
     tiny="tiny-lfm2_vl",
     client="tiny_lfm2_vl",

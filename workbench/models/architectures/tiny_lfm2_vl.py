@@ -7,16 +7,20 @@ the processor here is `Lfm2VlProcessor` with `Lfm2VlImageProcessorPil`: the same
 path in PIL and numpy (smart resize to multiples of patch x downsample, rescale, normalize, patches
 of (row, column, channel)), each image's patches padded only to the longest image of the call (the
 model masks pads, so a lone image is unpadded). Images that the torchvision processor would split
-into tiles (larger than `max_image_tokens` allows, with splitting on) are refused with the reason."""
+into tiles (larger than `max_image_tokens` allows, with splitting on) are refused with the reason.
+
+`layout` is the family's patch geometry (`Architecture.geometry`, workbench/models/geometry.py)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..geometry import GeometryContext, GeometryUnavailable, Place, grid
 from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, load_tokenizer
 
 # LFM2-VL's template, reduced (no system prompt, no tools)
@@ -130,6 +134,32 @@ def _image_processor_class() -> Any:
             return BatchFeature(data=data, tensor_type=return_tensors)
 
     return Lfm2VlImageProcessorPil
+
+
+def layout(ctx: GeometryContext) -> list[Place]:
+    """LFM2-VL's patch geometry. One tile: the whole image smart-resized to a multiple of
+    patch x downsample (not square, sides rounded), its (h, w) patch grid in `spatial_shapes`, each
+    token a downsample x downsample block of patches, row-major (transformers 5.25
+    models/lfm2_vl/modeling_lfm2_vl.py `get_image_features`). Tiled, as the torchvision processor
+    makes it (image_processing_lfm2_vl.py `crop_image_to_patches`; processing_lfm2_vl.py): the
+    image resized to rows x cols tiles of `tile_size`, each after its `<|img_row_R_col_C|>`,
+    row-major, then the whole image as a thumbnail (`<|img_thumbnail|>`, last). The processor
+    here refuses images it would tile, so only the one-tile path is reached with it."""
+    w, h = ctx.image_size
+    factor = int(ctx.image_processor.downsample_factor)
+    shapes = [(int(r) // factor, int(c) // factor) for r, c in np.asarray(ctx.encoding["spatial_shapes"]).reshape(-1, 2)]
+    tiles = [tuple(int(v) for v in m.groups()) for t in ctx.tokens
+             if (m := re.fullmatch(r"<\|img_row_(\d+)_col_(\d+)\|>", t))]
+    rows, cols = (max(r for r, _ in tiles), max(c for _, c in tiles)) if tiles else (1, 1)
+    rects = [((c - 1) * w / cols, (r - 1) * h / rows, c * w / cols, r * h / rows) for r, c in tiles]
+    if len(shapes) == len(rects) + 1:  # the thumbnail (or the one untiled image)
+        rects.append((0.0, 0.0, float(w), float(h)))
+    if len(shapes) != len(rects):
+        raise GeometryUnavailable(f"{len(shapes)} spatial shapes for {len(tiles)} tiles")
+    places: list[Place] = []
+    for tile, ((gh, gw), rect) in enumerate(zip(shapes, rects)):
+        places += grid(tile, rect, gh, gw)
+    return places
 
 
 def build_tiny(out_dir: Path, seed: int) -> None:
