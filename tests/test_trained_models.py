@@ -125,7 +125,6 @@ def test_kv_swap_kls_beside_the_real_blank_kl(behaviour):
         assert _value(kv, "kl_real_self", model=name) == pytest.approx(0, abs=1e-5)
 
 
-@pytest.mark.slow  # ~25 s each on a loaded 2-core machine: a tokenizer and a batch through the real classes
 @pytest.mark.parametrize("base", RANDOM)
 def test_training_batches_train_the_answer_from_the_image(base, tmp_path):
     """The recipe's plumbing, checked on one encoded batch: the trained positions are the answer
