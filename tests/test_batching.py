@@ -331,7 +331,7 @@ def _results_equal(got, expected, what: str, atol: float = 1e-5) -> None:
 
 
 PAD_CAPTURES = ("[{site: layer}, {site: attention}, {site: keys}, {site: values}, {site: logits}, "
-                "{site: final_norm}, {site: logit_lens, layers: [1]}]")
+                "{site: final_norm}, {site: logit_lens}]")
 
 
 def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):

@@ -31,9 +31,9 @@ def module_paths(arch) -> list[str]:
     """Every module path the family's record names (decoder-layer branches are relative to a layer)."""
     paths = [arch.embed, arch.decoder_layers, arch.final_norm, arch.lm_head]
     if arch.vision is not None:
-        paths += [arch.vision, arch.vision_layers, arch.vision_output[0], *arch.projector,
-                  *arch.projector_parts.values()] + ([arch.projector_merger] if arch.projector_merger else [])
-    return paths
+        paths += [arch.vision, arch.vision_layers, arch.vision_output[0] if arch.vision_output else None,
+                  *arch.projector, *arch.projector_parts.values(), arch.projector_merger]
+    return [p for p in paths if p is not None]  # Mllama declares no tower layers whose rows are patches
 
 
 def resolves(modules: dict, path: str) -> bool:
@@ -66,7 +66,7 @@ def test_the_declared_paths_resolve_at_real_size_on_the_meta_device(arch):
     assert hidden == text.hidden_size == modules[arch.lm_head].in_features
     info = info_from_config(arch.family, "", config, arch)  # what the workbench reads from the config
     assert (info.n_layers, info.hidden_size) == (len(layers), hidden)
-    if arch.vision is not None:
+    if arch.vision_layers is not None:
         vision_layers = modules[arch.vision_layers]
         assert isinstance(vision_layers, torch.nn.ModuleList)
         assert len(vision_layers) == vision_depth(config, arch) == info.n_vision_layers

@@ -52,6 +52,17 @@ ANY_ALLOWED: dict[str, str] = {
     "workbench.runner:run_spec": "keyword settings passed through to the executor",
     "analyses.cache:*": "JSON values of a cached table's inputs record",
     "analyses.tables:Options.*": "JSON values of the analysis options stored with a table",
+    "analyses.synthetic:scan_runs": "sweep words of a synthetic scan's runs (JSON values)",
+    "analyses.training:training_point": "a store's `training` attrs (JSON values)",
+    "workbench.attribution:*": "the images' model inputs and the metric's raw outputs, as the forward takes them",
+    "workbench.families:*": "JSON values of the listing (`--json`)",
+    "workbench.models.architectures.tiny_*:load_processor": "each family's processor (they share no type)",
+    "workbench.models.geometry:*": "each family's image processor and its raw outputs (they share no type)",
+    "workbench.models.infer:*": "transformers models and configs of any type, built on the meta device",
+    "workbench.models.model:InputEncoder.*": "the families' processors and their raw outputs (no common type)",
+    "workbench.models.model:*": "transformers sub-configs of any model type (their attributes differ per family)",
+    "workbench.models.training:*": "transformers models, tokenizers and processors of the two trained families",
+    "workbench.plan:site_layers": "a model's info or a server-side model's, read for two attributes",
 }
 
 

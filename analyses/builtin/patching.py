@@ -111,4 +111,4 @@ def patching_heatmap(models: dict[str, xr.Dataset], options: Options, out: Path)
 register_analysis(Analysis(
     name="patching", section="Patching scans: where the donor's output is carried",
     inputs=("logprobs", "run_answer_ids"), metrics=(patching.patching_effects, patching.normalized_effect),
-    table=patching_table, figures=(patching_heatmap,), order=160))
+    table=patching_table, figures=(patching_heatmap,), order=170))

@@ -105,4 +105,4 @@ def probe_accuracy(models: dict[str, xr.Dataset], options: Options, out: Path) -
 register_analysis(Analysis(
     name="probe", section="What the residual stream linearly encodes: probes of a sample's field",
     inputs=("hidden", "run_category", "run_answer"), metrics=(probe.probe_metrics, probe.probe_results),
-    table=probe_table, figures=(probe_accuracy,), order=160))
+    table=probe_table, figures=(probe_accuracy,), order=180))

@@ -4,6 +4,7 @@ message must hold. The spec layer's tests, the CLI's and the fuzzed fault drills
 from __future__ import annotations
 
 from workbench.spec import TINY_MODEL_NAMES
+from workbench.models.refs import TRAINED_MODEL_NAMES
 
 # Line numbers matter: the bad-spec cases below assert them.
 VALID = """\
@@ -87,7 +88,8 @@ BAD_SPECS = {
         "models[1]",
         3,
         f"unknown model 'smolvlm' (did you mean 'tiny-smolvlm'?); expected one of {', '.join(TINY_MODEL_NAMES)}, "
-        "a Hugging Face repo id 'org/name', or a local checkpoint directory",
+        f"{', '.join(TRAINED_MODEL_NAMES)} (a checkpoint: NAME@step-N), a Hugging Face repo id 'org/name', "
+        "or a local checkpoint directory",
     ),
     "duplicate model": (
         mutate("HuggingFaceTB/SmolVLM-256M-Instruct]", "tiny-smolvlm]"),
