@@ -329,7 +329,7 @@ def test_load_processor_errors(dirs):
 
 def test_tiny_model_dir_cached(dirs):
     d = dirs["tiny-llama"]
-    assert d.name == "tiny-llama-v1"
+    assert d.name == "tiny-llama-v2"
     before = (d / "model.safetensors").stat().st_mtime_ns
     assert tiny_model_dir("tiny-llama", d.parent) == d
     assert (d / "model.safetensors").stat().st_mtime_ns == before
@@ -340,7 +340,7 @@ def test_tiny_model_dir_cached(dirs):
 
 def test_tiny_model_dir_default_root(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
-    assert tiny_model_dir("tiny-llama") == tmp_path / "models" / "tiny-llama-v1"
+    assert tiny_model_dir("tiny-llama") == tmp_path / "models" / "tiny-llama-v2"
 
 
 @pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
@@ -362,9 +362,9 @@ def test_tiny_model_dir_concurrent_processes(tmp_path):
     ]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
-    assert {out.strip() for out, _ in results} == {str(tmp_path / "tiny-llama-v1")}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-llama-v1"]
-    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "tiny-llama-v1")
+    assert {out.strip() for out, _ in results} == {str(tmp_path / "tiny-llama-v2")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-llama-v2"]
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "tiny-llama-v2")
     assert model.config.architectures == ["LlamaForCausalLM"]
 
 

@@ -37,7 +37,7 @@ from .architectures.tiny_smolvlm import SMOLVLM_CHAT_TEMPLATE, SMOLVLM_SPECIAL_T
 
 # Bump when a builder changes: the version is part of the cache directory name, so stale builds
 # are never reused.
-_VERSION = "v1"
+_VERSION = "v2"  # bump when a builder changes: a cached build of another version is never reused
 _DEFAULT_SEED = 0
 _MARKER = "tiny_model.json"  # written last; its presence marks a finished build
 _BUILD_LOCK = threading.RLock()  # a trained build builds its base tiny model inside
@@ -70,7 +70,7 @@ def _default_root() -> Path:
 def tiny_model_dir(name: str, root: Path | None = None) -> Path:
     """Directory of tiny model `name`, building it on first use.
 
-    The directory is ``<root>/<name>-v1``; root defaults to ``$WORKBENCH_CACHE/models`` or
+    The directory is ``<root>/<name>-v2``; root defaults to ``$WORKBENCH_CACHE/models`` or
     ``~/.cache/workbench/models``. The model is built into a temporary sibling directory and moved
     into place with ``os.replace``, so a directory that exists is complete; concurrent callers each
     build, one rename wins and the others discard their copy (builds are identical for the seed).
