@@ -110,31 +110,6 @@ def cached_build(final: Path, build: Callable[[Path], object], marker: dict) -> 
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
-    if final.exists():
-        raise RuntimeError(f"{final} exists but has no {_MARKER}: not a finished tiny-model build; remove it")
-    # The lock serialises builds within one process (threads would otherwise share the global
-    # torch RNG while seeding); other processes are handled by the atomic rename below.
-    with _BUILD_LOCK:
-        if (final / _MARKER).is_file():
-            return final
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-            TINY_MODELS[name](tmp, _DEFAULT_SEED)
-            marker = {"name": name, "version": _VERSION, "seed": _DEFAULT_SEED, "family": _FAMILY[name]}
-            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                # Another process renamed its finished build into place first (renaming onto a
-                # non-empty directory fails). Use theirs.
-                if not (final / _MARKER).is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
 
 
 def load_processor(model_dir: Path | str, family: str | Architecture):
