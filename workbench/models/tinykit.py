@@ -112,6 +112,17 @@ def image_processor_and_template(model_dir, base, image_cls):
     return tokenizer, image_processor, chat_template, processor_dict
 
 
+def saved_processor(model_dir, base, image_cls, keys=(), processor_cls=None):
+    """The processor `base` of a saved checkpoint (real or tiny) or a hub id, built from its
+    tokenizer, its `image_cls` image processor and its chat template
+    (`image_processor_and_template`), with the settings `keys` that processor_config.json holds;
+    processor_cls: the class to build (e.g. an `image_only_class` of base), base by default."""
+    tokenizer, image_processor, template, processor_dict = image_processor_and_template(model_dir, base, image_cls)
+    kwargs = {k: processor_dict[k] for k in keys if k in processor_dict}
+    processor = (processor_cls or base)(image_processor, tokenizer, chat_template=template, **kwargs)
+    return check_processor(processor, base)
+
+
 def check_processor(processor, base, attributes=("image_processor", "tokenizer")):
     if not isinstance(processor, base) or list(processor.get_attributes()) != list(attributes):
         raise TypeError(f"unexpected processor {type(processor).__name__}")

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import (
-    _VOCAB_SIZE,
-    _byte_level_tokenizer,
-    _ids,
-    _init_model,
-    _save,
-    check_processor,
-    image_processor_and_template,
-)
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, saved_processor
 
 # DeepSeek-VL's chat format, reduced (no system prompt): "User: <image_placeholder>question\n\n
 # Assistant:"; the tokenizer adds its BOS itself
@@ -70,8 +62,4 @@ def load_processor(model_dir):
     count from processor_config.json (`num_image_tokens`)."""
     from transformers import DeepseekVLImageProcessorPil, DeepseekVLProcessor
 
-    tokenizer, image_processor, template, processor_dict = image_processor_and_template(
-        model_dir, DeepseekVLProcessor, DeepseekVLImageProcessorPil)
-    kwargs = {k: processor_dict[k] for k in ("num_image_tokens",) if k in processor_dict}
-    processor = DeepseekVLProcessor(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, DeepseekVLProcessor)
+    return saved_processor(model_dir, DeepseekVLProcessor, DeepseekVLImageProcessorPil, ("num_image_tokens",))

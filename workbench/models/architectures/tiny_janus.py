@@ -5,15 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import (
-    _VOCAB_SIZE,
-    _byte_level_tokenizer,
-    _ids,
-    _init_model,
-    _save,
-    check_processor,
-    image_processor_and_template,
-)
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, saved_processor
 
 # Janus-Pro's chat format, reduced (no system prompt): "<|User|>: <image_placeholder>\nquestion\n\n
 # <|Assistant|>:"; the processor expands the placeholder to <begin_of_image>, N image tokens,
@@ -75,8 +67,4 @@ def load_processor(model_dir):
     processor_config.json (`num_image_tokens`)."""
     from transformers import JanusImageProcessorPil, JanusProcessor
 
-    tokenizer, image_processor, template, processor_dict = image_processor_and_template(
-        model_dir, JanusProcessor, JanusImageProcessorPil)
-    kwargs = {k: processor_dict[k] for k in ("num_image_tokens",) if k in processor_dict}
-    processor = JanusProcessor(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, JanusProcessor)
+    return saved_processor(model_dir, JanusProcessor, JanusImageProcessorPil, ("num_image_tokens",))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, load_tokenizer
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, saved_processor
 
 # llava-hf/llava-1.5-7b-hf's template: "USER: <image>\n{text} ASSISTANT:"; the Llama-2 tokenizer
 # adds <s> itself.
@@ -64,14 +64,5 @@ def load_processor(model_dir):
     the CLS count from processor_config.json."""
     from transformers import CLIPImageProcessorPil, LlavaProcessor
 
-    model_dir = str(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    image_processor = CLIPImageProcessorPil.from_pretrained(model_dir)
-    processor_dict, _ = LlavaProcessor.get_processor_dict(model_dir)
-    template = processor_dict.get("chat_template") or tokenizer.chat_template
-    if template is None:
-        raise ValueError(f"{model_dir}: no chat template (chat_template.json/.jinja, processor or tokenizer config)")
-    kwargs = {k: processor_dict[k] for k in ("patch_size", "vision_feature_select_strategy",
-                                            "num_additional_image_tokens") if k in processor_dict}
-    processor = LlavaProcessor(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, LlavaProcessor)
+    return saved_processor(model_dir, LlavaProcessor, CLIPImageProcessorPil,
+                           ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens"))

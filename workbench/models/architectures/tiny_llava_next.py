@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, load_tokenizer
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, saved_processor
 
 # llava-hf/llava-v1.6-mistral-7b-hf's template, reduced: "[INST] <image>\n{text} [/INST]"; the
 # Mistral tokenizer adds <s> itself.
@@ -71,14 +71,5 @@ def load_processor(model_dir):
     strategy and the CLS count from processor_config.json."""
     from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
 
-    model_dir = str(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    image_processor = LlavaNextImageProcessorPil.from_pretrained(model_dir)
-    processor_dict, _ = LlavaNextProcessor.get_processor_dict(model_dir)
-    template = processor_dict.get("chat_template") or tokenizer.chat_template
-    if template is None:
-        raise ValueError(f"{model_dir}: no chat template (chat_template.json/.jinja, processor or tokenizer config)")
-    kwargs = {k: processor_dict[k] for k in ("patch_size", "vision_feature_select_strategy",
-                                            "num_additional_image_tokens") if k in processor_dict}
-    processor = LlavaNextProcessor(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, LlavaNextProcessor)
+    return saved_processor(model_dir, LlavaNextProcessor, LlavaNextImageProcessorPil,
+                           ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens"))

@@ -5,16 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import (
-    _VOCAB_SIZE,
-    _byte_level_tokenizer,
-    _ids,
-    _init_model,
-    _save,
-    check_processor,
-    image_only_class,
-    image_processor_and_template,
-)
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, image_only_class, saved_processor
 
 # llava-onevision-qwen2's template, reduced (no video): Qwen2 chat with the default system prompt,
 # the image token on its own line before the text.
@@ -79,9 +70,6 @@ def load_processor(model_dir):
     without video; num_image_tokens and the feature strategy from processor_config.json."""
     from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor
 
-    tokenizer, image_processor, template, processor_dict = image_processor_and_template(
-        model_dir, LlavaOnevisionProcessor, LlavaOnevisionImageProcessorPil)
-    kwargs = {k: processor_dict[k] for k in ("num_image_tokens", "vision_feature_select_strategy",
-                                            "vision_aspect_ratio") if k in processor_dict}
-    processor = image_only_class(LlavaOnevisionProcessor)(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, LlavaOnevisionProcessor)
+    return saved_processor(model_dir, LlavaOnevisionProcessor, LlavaOnevisionImageProcessorPil,
+                           ("num_image_tokens", "vision_feature_select_strategy", "vision_aspect_ratio"),
+                           image_only_class(LlavaOnevisionProcessor))

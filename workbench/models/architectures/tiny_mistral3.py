@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tinykit import _VOCAB_SIZE, _byte_level_tokenizer, _ids, _init_model, _save, check_processor, load_tokenizer
+from ..tinykit import _byte_level_tokenizer, _ids, _init_model, _save, _VOCAB_SIZE, saved_processor
 
 # Mistral-Small-3.1's template, reduced (no system prompt, no tools): "<s>[INST][IMG]{text}[/INST]";
 # the template writes <s>, as the real one does.
@@ -103,14 +103,5 @@ def load_processor(model_dir):
 
     PixtralProcessor = pixtral_processor_class()
 
-    model_dir = str(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    image_processor = PixtralImageProcessorPil.from_pretrained(model_dir)
-    processor_dict, _ = PixtralProcessor.get_processor_dict(model_dir)
-    template = processor_dict.get("chat_template") or tokenizer.chat_template
-    if template is None:
-        raise ValueError(f"{model_dir}: no chat template (chat_template.json/.jinja, processor or tokenizer config)")
-    kwargs = {k: processor_dict[k] for k in ("patch_size", "spatial_merge_size", "image_token", "image_break_token",
-                                            "image_end_token") if k in processor_dict}
-    processor = PixtralProcessor(image_processor, tokenizer, chat_template=template, **kwargs)
-    return check_processor(processor, PixtralProcessor)
+    return saved_processor(model_dir, PixtralProcessor, PixtralImageProcessorPil,
+                           ("patch_size", "spatial_merge_size", "image_token", "image_break_token", "image_end_token"))
