@@ -32,7 +32,7 @@ from .errors import BadInputError
 from .interventions.patch import Patch
 from .models.model import WorkbenchModel
 from .plan import ConditionPlan, ModelPlan
-from .sites import position_index
+from .sites import first_tensor, position_index
 from .spec.scans import SCAN_SITES
 
 ATTRIBUTION_METRICS = ("logit_diff", "answer_logprob")
@@ -68,10 +68,6 @@ def _site_module(model: WorkbenchModel, site: str, layer: int) -> tuple[torch.nn
     return module, False
 
 
-def _main(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else value[0]
-
-
 def site_values(model: WorkbenchModel, encoding: dict[str, Any], site: str, layers: list[int],
                 metric: Callable[[torch.Tensor], torch.Tensor] | None = None
                 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], float]:
@@ -87,7 +83,7 @@ def site_values(model: WorkbenchModel, encoding: dict[str, Any], site: str, laye
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         else:
             def post(mod: Any, args: tuple, out: Any, layer: int = layer) -> None:
-                held[layer] = _main(out)
+                held[layer] = first_tensor(out)
             handles.append(module.register_forward_hook(post))
     # the graph starts at the token embeddings (the weights need no gradient)
     embed = model.hf.get_input_embeddings()
