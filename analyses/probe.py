@@ -45,8 +45,9 @@ import xarray as xr
 
 from workbench.store import MODALITIES, RUN_PREFIX
 
+from . import streaming
 from .cache import MissingInputs, cached
-from .streaming import as_dask, as_str, group_sums, layer_values, layout, means, take_rows, token_rows
+from .streaming import as_dask, as_str, layer_values, layout, take_rows
 
 GROUPS = ("vision", "text", "boundary", "last", "pooled")
 SCORES = ("accuracy", "chance", "control", "selectivity")
@@ -98,30 +99,38 @@ def sample_labels(ds: xr.Dataset, label: str, where: str | None = None) -> dict[
 
 def group_features(ds: xr.Dataset, condition: str) -> np.ndarray:
     """(samples of `layout(ds).samples`, GROUPS, layers, dim) features of `condition` (NaN: the
-    sample has no token of that group). The modality means are `streaming.group_sums` over the
-    condition's tokens (one block of rows of `hidden` at a time); `last` reads one row per sample."""
+    sample has no token of that group), read one block of rows of `hidden` at a time."""
     lay = layout(ds, "token")
     hidden = as_dask(ds["hidden"].data)
     n, n_layers, dim = len(lay.samples), hidden.shape[1], hidden.shape[2]
-    out = np.full((n, len(GROUPS), n_layers, dim), np.nan)
-    if condition not in lay.condition_rows:
-        return out
-    rows, codes = token_rows(lay, condition)
-    width = n_layers * dim
-    sums = group_sums(lambda c, h: h.reshape(len(c), width), [take_rows(hidden, rows)], codes,
-                      n * len(MODALITIES), width).compute().reshape(2, n, len(MODALITIES), n_layers, dim)
-    for m, modality_name in enumerate(MODALITIES):
-        out[:, GROUPS.index(modality_name)] = means(sums[:, :, m])
-    out[:, GROUPS.index("pooled")] = means(sums.sum(axis=2))
-    # each sample's last prompt token (any modality): the row of its largest position
+    sums = np.zeros((n, len(MODALITIES), n_layers, dim))
+    counts = np.zeros((n, len(MODALITIES)))
+    last = np.full((n, n_layers, dim), np.nan)
+    last_position = np.full(n, -1, dtype=np.int64)
+    rows = lay.condition_rows.get(condition, np.zeros(0, np.int64))
+    step = max(1, streaming.BLOCK_BYTES // max(1, n_layers * dim * hidden.dtype.itemsize))
     assert lay.position is not None
-    every = lay.condition_rows[condition]
-    order = np.lexsort((lay.position[every], lay.sample_code[every]))
-    sample = lay.sample_code[every][order]
-    final = np.r_[sample[1:] != sample[:-1], True] if len(sample) else np.zeros(0, bool)
-    if final.any():
-        out[sample[final], GROUPS.index("last")] = np.asarray(
-            take_rows(hidden, every[order][final]).compute(), dtype=np.float64)
+    for start in range(0, len(rows), step):
+        block_rows = rows[start:start + step]
+        block = np.asarray(take_rows(hidden, block_rows).compute(), dtype=np.float64)
+        samples, modality = lay.sample_code[block_rows], lay.modality_code[block_rows]
+        position = lay.position[block_rows]
+        for s in np.unique(samples):
+            mine = samples == s
+            for m in np.unique(modality[mine]):
+                if m >= 0:
+                    at = mine & (modality == m)
+                    sums[s, m] += block[at].sum(0)
+                    counts[s, m] += at.sum()
+            top = np.flatnonzero(mine)[np.argmax(position[mine])]
+            if position[top] > last_position[s]:
+                last_position[s], last[s] = position[top], block[top]
+    out = np.full((n, len(GROUPS), n_layers, dim), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for m, modality_name in enumerate(MODALITIES):
+            out[:, GROUPS.index(modality_name)] = sums[:, m] / counts[:, m, None, None]
+        out[:, GROUPS.index("pooled")] = sums.sum(1) / counts.sum(1)[:, None, None]
+    out[:, GROUPS.index("last")] = last
     return out
 
 
