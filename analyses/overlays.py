@@ -133,7 +133,8 @@ def paint(fig: Figure, ax: Axes, image: Image.Image | None, where: Patches, valu
             limits = (-reach or -1.0, reach or 1.0)
         else:
             limits = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
-            if limits[0] == limits[1]:
+            # one value up to float32 rounding (a uniform map): no scale spanning the rounding noise
+            if np.isclose(limits[0], limits[1], rtol=1e-6, atol=0.0):
                 limits = (limits[0] - 0.5, limits[1] + 0.5)
     shown = ax.imshow(heat, extent=(0, width, height, 0), cmap=cmap, alpha=0.6, vmin=limits[0], vmax=limits[1],
                       interpolation="nearest")

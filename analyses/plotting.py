@@ -31,7 +31,7 @@ from matplotlib.colors import LogNorm, Normalize, to_hex
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.text import Text
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 from numpy.typing import ArrayLike
 
 MODALITY_COLORS = {"vision": "#1f77b4", "text": "#d62728", "boundary": "#7f7f7f"}
@@ -134,6 +134,8 @@ def colorbar(fig: Figure, mappable: ScalarMappable, axes: Sequence[Axes], label:
     bar = fig.colorbar(mappable, ax=list(axes), label=label, fraction=0.05, pad=0.02)
     if isinstance(mappable.norm, LogNorm):
         plain_log_ticks(bar.ax.yaxis)
+    elif isinstance(bar.formatter, ScalarFormatter):
+        bar.formatter.set_useOffset(False)  # ticks read as values, never "1e-7 + 1.5e1"
 
 
 def heatmap(fig: Figure, ax: Axes, values: xr.DataArray, x: str, y: str, label: str, vmin: float | None = None,
