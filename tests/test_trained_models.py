@@ -69,7 +69,11 @@ def behaviour(trained, load_tiny, tmp_path_factory):
 
 
 def _value(data, var, **sel) -> float:
-    return float(data[var].sel(stat="value", **sel))
+    """The one value at `sel`: a dimension left of size one (kv-substitution's `condition`, one
+    per hybrid condition, here one) is not a choice."""
+    picked = data[var].sel(stat="value", **sel)
+    assert picked.size == 1, picked
+    return float(picked.values.item())
 
 
 # The issue's target. The recipe as it stands (800 steps) ends with a training loss near chance on
