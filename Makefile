@@ -9,8 +9,10 @@ STAMP  := $(VENV)/.installed
 demo: $(STAMP)
 	$(BIN)/workbench run specs/demo.yaml
 
+# one pytest-xdist worker per core; a test file stays on one worker (--dist loadfile), so its module
+# fixtures (a shared store, a loaded model) are built once
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 # the trained tiny VLMs (tiny-smolvlm-trained, tiny-qwen3vl-trained), trained on the CPU into the
 # model cache ($$WORKBENCH_CACHE or ~/.cache/workbench) once; the tests and the README's offline

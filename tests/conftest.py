@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# one intra-op thread per xdist worker (`make test` runs one worker per core): torch's default, a
+# thread per core in every worker, oversubscribes the cores and spin-waits
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
