@@ -157,3 +157,43 @@ def test_the_processor_reads_pil_images(model):
     inputs = model.encode(SAMPLE.image.convert("L"), SAMPLE.question)
     assert inputs.encoding["pixel_values"].shape[-2:] == (32, 32)
     assert inputs.encoding["cross_attention_mask"].shape[1] == inputs.n_tokens
+
+
+
+@pytest.fixture(scope="module")
+def two_tiles(tmp_path_factory):
+    """The tiny Mllama with images of up to two tiles: a square image fills one, the other is padding."""
+    from workbench.models.architectures.tiny_mllama import build_tiny
+    from workbench.models.model import load_model
+
+    out = tmp_path_factory.mktemp("mllama-two-tiles")
+    build_tiny(out, seed=0, tiles=2)
+    return load_model(str(out), device="cpu", dtype="float32", attn="eager")
+
+
+@pytest.mark.parametrize("which", ["tiny", "two tiles"])
+def test_greedy_decode_is_transformers_generate(model, two_tiles, which):
+    """Every decode step's log-probs equal `generate`'s, which repeats the last prompt token's
+    cross-attention mask row at each new token. With a padding tile (the mask row [1, 0]) a
+    decode step that passed no mask would read the padding tile too."""
+    from PIL import Image
+
+    from workbench.backends.local import run_condition
+    from workbench.data import Sample
+    from workbench.runner import LazyInputs
+
+    model = two_tiles if which == "two tiles" else model
+    plan = plan_for(model, "  baseline: {}", "[{site: logits}]", generate=3)
+    square = Image.new("RGB", (48, 48), (20, 40, 160))
+    square.paste((250, 200, 0), (8, 8, 30, 30))
+    inputs = LazyInputs(model, Sample(id="square/0", image=square, question=SAMPLE.question, category="color"))
+    ours = run_condition(model, inputs, plan.condition("baseline"), plan)
+    encoding = inputs["real"].encoding
+    if which == "two tiles":
+        assert encoding["cross_attention_mask"][0, -1].flatten().tolist() == [1, 0]
+    model.prepare()
+    with torch.inference_mode():
+        out = model.hf.generate(**encoding, max_new_tokens=3, do_sample=False,
+                                output_logits=True, return_dict_in_generate=True)
+    reference = np.stack([torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits])
+    np.testing.assert_allclose(ours.run["logprobs"][0], reference, atol=ATOL)

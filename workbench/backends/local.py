@@ -178,8 +178,19 @@ def _truncate(inputs: Any, n: int, per_token: tuple) -> Any:
                           geometry=geometry)
 
 
+def cross_attention_rows(inputs: list[Any]) -> torch.Tensor | None:
+    """The cross-attention mask row of each batch row's last prompt token, (batch, 1, images,
+    tiles), which a generated token repeats (transformers 5.25 models/mllama/modeling_mllama.py,
+    `_update_model_kwargs_for_generation`); None for a family without one. Without it a decode
+    step would attend to every tile, the padding tiles of an image of fewer tiles included."""
+    masks = [x.encoding.get("cross_attention_mask") for x in inputs]
+    if any(m is None for m in masks):
+        return None
+    return torch.cat([m[:, x.n_tokens - 1:x.n_tokens] for m, x in zip(masks, inputs)])
+
+
 def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.Tensor | None = None,
-                     step: int = 1) -> dict[str, Any]:
+                     step: int = 1, cross_rows: torch.Tensor | None = None) -> dict[str, Any]:
     """Inputs of decode step `step` (>= 1), one token per batch row. Rows of equal length: no
     attention mask and no position ids, the model counts positions from its cache (Qwen3-VL adds
     the M-RoPE offset it kept from the prompt).
@@ -193,6 +204,8 @@ def _decode_encoding(model: ModelLike, token: torch.Tensor, prompt_mask: torch.T
     M-RoPE components are equal, the model expands them so, and nnsight splits a (3, batch, 1)
     tensor into 3 rows."""
     encoding = {"input_ids": token.view(-1, 1).to(model.device)}
+    if cross_rows is not None:   # `cross_attention_rows`: Mllama's image tiles a new token may read
+        encoding["cross_attention_mask"] = cross_rows.to(model.device)
     if prompt_mask is None:
         return encoding
     generated = prompt_mask.new_ones(prompt_mask.shape[0], step)
@@ -548,7 +561,8 @@ def _run_kv_swap(model: ModelLike, inputs_by_image: dict[str, Any], condition: C
     last = torch.as_tensor(inputs.input_ids[-1])
     # the vision tower ran in the head: the one-token tail has nothing of it to read
     tail_readers = [r for r in readers if not getattr(r, "prompt_only", False)]
-    tail = trace(model, _decode_encoding(model, last), inputs, (), tail_readers, True, cache, on_trace=on_trace)
+    tail = trace(model, _decode_encoding(model, last, cross_rows=cross_attention_rows([inputs])), inputs, (),
+                 tail_readers, True, cache, on_trace=on_trace)
     result = RunResult()
     _collect_prompt(result, [head, tail], captures, cache, n)
     _decode(model, [inputs], captures, cache, [tail], [result], on_trace)
@@ -583,11 +597,12 @@ def _decode(model: ModelLike, inputs: list[Any], captures: CapturePlan, cache: A
     logprobs: list[list[torch.Tensor]] = [[] for _ in inputs]
     rows: list[list[torch.Tensor]] = [[] for _ in inputs]
     step_saved = last
+    cross_rows = cross_attention_rows(inputs)
     for step in range(captures.max_new_tokens):
         if step > 0:
             tokens = torch.stack([torch.as_tensor(int(lp[-1].argmax())) for lp in logprobs])
             step_rows = [Row(x, (), attention, True) for x in inputs]
-            step_saved, _ = trace_rows(model, _decode_encoding(model, tokens, prompt_mask, step), step_rows, cache,
+            step_saved, _ = trace_rows(model, _decode_encoding(model, tokens, prompt_mask, step, cross_rows), step_rows, cache,
                                        on_trace=on_trace)
         for r, x in enumerate(inputs):
             logprobs[r].append(step_saved[r][("logprobs", None)][-1])

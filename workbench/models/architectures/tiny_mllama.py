@@ -36,9 +36,13 @@ CROSS_LAYERS = [1]  # of 3 decoder layers (real: every 5th of 40, from 3)
 GATE = 0.5
 
 
-def build_tiny(out_dir: Path, seed: int) -> None:
+def build_tiny(out_dir: Path, seed: int, tiles: int = 1) -> None:
+    """The tiny model into `out_dir`. `tiles` > 1 (tests only): images of up to that many tiles,
+    in every arrangement the image processor considers, so a square image fills one tile and the
+    others are padding."""
     import torch
     from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaImageProcessorPil
+    from transformers.models.mllama.image_processing_pil_mllama import get_all_supported_aspect_ratios
 
     out_dir = Path(out_dir)
     tokenizer = _byte_level_tokenizer(MLLAMA_SPECIAL_TOKENS, chat_template=MLLAMA_CHAT_TEMPLATE,
@@ -47,7 +51,9 @@ def build_tiny(out_dir: Path, seed: int) -> None:
     bos, eos, end, pad, image = _ids(tokenizer, "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>",
                                      "<|finetune_right_pad_id|>", "<|image|>")
     # one tile per image: every image fills its tiles, so no tile is padding (real: up to 4)
-    image_processor = MllamaImageProcessorPil(size={"height": IMAGE, "width": IMAGE}, max_image_tiles=1)
+    image_processor = MllamaImageProcessorPil(size={"height": IMAGE, "width": IMAGE}, max_image_tiles=tiles)
+    # the config's aspect-ratio embeddings are indexed by the processor's arrangements
+    aspects = [list(a) for a in get_all_supported_aspect_ratios(tiles)]
     config = MllamaConfig(
         text_config=dict(
             vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -58,7 +64,7 @@ def build_tiny(out_dir: Path, seed: int) -> None:
         ),
         vision_config=dict(
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, attention_heads=2,
-            image_size=IMAGE, patch_size=PATCH, max_num_tiles=1, supported_aspect_ratios=[[1, 1]],
+            image_size=IMAGE, patch_size=PATCH, max_num_tiles=tiles, supported_aspect_ratios=aspects,
             # the projector reads the tower's output and these layers' outputs, concatenated
             intermediate_layers_indices=[0, 1], vision_output_dim=32 * 3,
         ),
