@@ -92,9 +92,10 @@ class ProbeDirection(SpecModel):
         return self._value[2]
 
 
-def _direction(value: Any) -> str | ProbeDirection:
-    """`direction`: `random`, or a mapping naming a stored probe (`ProbeDirection`)."""
-    if isinstance(value, ProbeDirection) or (isinstance(value, str) and value in ADD_DIRECTIONS):
+def _direction(value: Any) -> str | ProbeDirection | None:
+    """`direction`: `random`, or a mapping naming a stored probe (`ProbeDirection`); null (a dumped
+    spec's default) for none."""
+    if value is None or isinstance(value, ProbeDirection) or (isinstance(value, str) and value in ADD_DIRECTIONS):
         return value
     if isinstance(value, dict):
         try:
