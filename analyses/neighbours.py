@@ -123,6 +123,7 @@ def text_neighbours(ds: xr.Dataset, condition: str = "baseline", samples: tuple[
         raise MissingInputs(f"vision and text tokens under {condition!r} (found {len(queries)} vision tokens of the "
                             f"samples read out, {len(keys)} text tokens)")
     _, layers = layer_values(ds, ds["hidden"])
+    assert lay.position is not None  # the token dim's layout has positions
     cos, nearest = contextual(ds["hidden"].data, queries, keys, k)
     texts = as_str(ds["token_text"].values) if "token_text" in ds.coords or "token_text" in ds \
         else np.asarray(ds["token_id"].values).astype(str)
@@ -168,13 +169,18 @@ def layer_summary(result: xr.Dataset) -> xr.Dataset:
         top1 = result[value].isel(rank=0).values
         with np.errstate(invalid="ignore"):
             out[f"{prefix}_mean"] = (("layer",), np.nanmean(np.where(np.isfinite(top1), top1, np.nan), axis=0))
-        words, shares = [], []
+        words: list[str] = []
+        shares: list[float] = []
         for column in result[f"{prefix}_text"].isel(rank=0).values.T:
-            kept = [w for w in column.tolist() if w != ""]
-            values, counts = np.unique(np.array(kept, dtype=object).astype(str), return_counts=True) if kept else ([], [])
-            best = int(np.argmax(counts)) if len(counts) else -1
-            words.append(str(values[best]) if best >= 0 else "")
-            shares.append(counts[best] / len(column) if best >= 0 else np.nan)
+            kept = np.array([w for w in column.tolist() if w != ""], dtype=object).astype(str)
+            if not len(kept):
+                words.append("")
+                shares.append(np.nan)
+                continue
+            values, counts = np.unique(kept, return_counts=True)
+            best = int(np.argmax(counts))
+            words.append(str(values[best]))
+            shares.append(float(counts[best]) / len(column))
         out[f"{prefix}_top"] = (("layer",), np.array(words, dtype=object))
         out[f"{prefix}_top_share"] = (("layer",), np.array(shares, dtype=float))
     return xr.Dataset(out, coords={"layer": result.layer.values}, attrs={"n_vision": int(result.sizes["query"])})

@@ -98,9 +98,10 @@ def _labelled_tokens(result: xr.Dataset, where: overlays.Patches) -> list[tuple[
     """Up to BOXES_DRAWN of the painted vision tokens, evenly spread: (query index, box)."""
     index = {int(r): q for q, r in enumerate(result["query_row"].values)}
     placed = [(index[int(r)], box) for r, box in zip(where.rows, where.boxes) if int(r) in index]
-    picks = np.unique(np.linspace(0, len(placed) - 1, min(BOXES_DRAWN, len(placed))).round().astype(int)) \
-        if placed else []
-    return [placed[i] for i in picks]
+    if not placed:
+        return []
+    picks = np.unique(np.linspace(0, len(placed) - 1, min(BOXES_DRAWN, len(placed))).round().astype(int))
+    return [placed[int(i)] for i in picks]
 
 
 def text_neighbours_patches(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
