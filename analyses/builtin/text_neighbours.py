@@ -17,6 +17,7 @@ import xarray as xr
 from matplotlib.patches import Rectangle
 
 from .. import neighbours, overlays
+from ..commands import DEFAULT_OVERLAY_SAMPLES
 from ..figures import FigureFile, Plot, two_layers
 from ..plotting import layer_axis, not_stored
 from ..registry import Analysis, register_analysis
@@ -105,7 +106,8 @@ def _labelled_tokens(result: xr.Dataset, where: overlays.Patches) -> list[tuple[
 
 
 def text_neighbours_patches(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
-    """Per (model, sample): the image at the middle and last stored layers, a few vision tokens'
+    """Per (model, sample) of those the table reads out (the first `DEFAULT_OVERLAY_SAMPLES` unless
+    `--samples` names them): the image at the middle and last stored layers, a few vision tokens'
     boxes outlined, each labelled with its nearest contextual word (c:), embedding row (e:) and
     logit-lens token (l:)."""
     plot = Plot("text_neighbours_patches", f"Image patches and their nearest words ({options.reference})", options, out)
@@ -117,9 +119,10 @@ def text_neighbours_patches(models: dict[str, xr.Dataset], options: Options, out
         if reason is not None:
             lacking.append(f"{model}: {reason}")
             continue
-        samples = overlays.chosen_samples(ds, options.reference, options.samples)
+        result = _result(ds, options)                   # the table's (cached) readout
+        read_out = list(dict.fromkeys(result["query_sample"].values.tolist()))
+        samples = read_out if options.samples else read_out[:DEFAULT_OVERLAY_SAMPLES]
         images, _ = overlays.sample_images(ds, samples)
-        result = neighbours.text_neighbours(ds, options.reference, tuple(samples), force=options.force)
         for sample in samples:
             rows.append((model, ds, sample, images.get(sample), result))
     if not rows:
