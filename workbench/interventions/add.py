@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 import torch
-from pydantic import Field, PlainValidator, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PlainSerializer, PlainValidator, PrivateAttr, ValidationError, model_validator
 
 from ..extend import InterventionSpec, register_intervention
 from ..sites import to_device
@@ -109,13 +109,19 @@ def _direction(value: Any) -> str | ProbeDirection | None:
           "probe, {probe: STORE, label: FIELD, layer: L, class: C}")
 
 
+def _dumped_direction(value: str | ProbeDirection | None) -> Any:
+    return value.model_dump(by_alias=True) if isinstance(value, ProbeDirection) else value
+
+
 class AddSpec(InterventionSpec):
     kind: Literal["add"]
     vector: list[Number] | None = None
     direction_from: ConditionName | None = None
-    # a stored probe's unit direction, or the control for both: a seeded random unit direction u,
-    # scaled to `norm` per token
-    direction: Annotated[Any, PlainValidator(_direction)] = None  # None, "random" or a ProbeDirection
+    # a stored probe's unit weight vector, {probe: STORE, label: FIELD, layer: L, class: C} (optional:
+    # group, condition, where, model), or `random`, the control for both: a seeded random unit
+    # direction u, scaled to `norm` per token
+    direction: Annotated[Union[Literal["random"], ProbeDirection, None], PlainValidator(_direction),
+                         PlainSerializer(_dumped_direction)] = None
     seed: Annotated[Union[int, str], PlainValidator(_seed_or_var), Swept("seed")] = 0
     norm: Annotated[Union[float, str], PlainValidator(_random_norm), Swept("positive")] = "matched"
     factor: NumberOrVar = 1.0
