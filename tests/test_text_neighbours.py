@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from analyses import neighbours, streaming
+from analyses import cache, neighbours, streaming
 from analyses.commands import main as analyses_main
 from analyses.tables import open_models
 from workbench.backends.local import run_condition
@@ -121,6 +121,16 @@ def test_cli_prints_the_table(store, capsys):
     assert analyses_main(["analyze", str(store), "text-neighbours", "--samples", "s/1"]) == 0
     out = capsys.readouterr().out
     assert "Vision tokens read as words" in out and "| syn/neighbours | 3 | 4 |" in out, out
+    # the readout the table computed is cached in the store and read back as computed
+    cache._MEMO.clear()
+    ds = open_models(store)[MODEL]
+    hit = neighbours.text_neighbours(ds, "baseline", ("s/1",))
+    assert hit.attrs["cache"] == "hit"
+    fresh = neighbours.text_neighbours(ds, "baseline", ("s/1",), cache=False)
+    for name in fresh.data_vars:
+        np.testing.assert_array_equal(np.asarray(hit[name].values).astype(str) if fresh[name].dtype.kind in "OU"
+                                      else hit[name].values, np.asarray(fresh[name].values).astype(str)
+                                      if fresh[name].dtype.kind in "OU" else fresh[name].values)
 
 
 @pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-qwen3vl"])
