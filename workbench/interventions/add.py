@@ -204,9 +204,11 @@ class Add(Intervention):
     def from_spec(cls, raw: Any, common: dict[str, Any]) -> "Add":
         vector = tuple(float(v) for v in raw.vector) if raw.vector is not None else None
         norm = raw.norm if raw.norm == "matched" else float(raw.norm)
-        probe = raw.direction if isinstance(raw.direction, ProbeDirection) else None
+        # a probe (`ProbeDirection`) named by duck type: this class travels to NDIF by value, and a
+        # reference to a pydantic model from its code would take pydantic's internals with it
+        probe = raw.direction if raw.direction is not None and not isinstance(raw.direction, str) else None
         if probe is not None:
-            vector = probe.vector
+            vector = tuple(float(v) for v in probe.vector)
         return cls(**common, factor=float(raw.factor), vector=vector, source=raw.direction_from,
                    direction=None if probe is not None else raw.direction, seed=int(raw.seed), norm=norm,
-                   probe=probe.source if probe is not None else None)
+                   probe=str(probe.source) if probe is not None else None)
