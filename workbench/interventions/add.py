@@ -65,7 +65,7 @@ class ProbeDirection(SpecModel):
 
     @model_validator(mode="after")
     def _read(self) -> "ProbeDirection":
-        from ..probes import ProbeError, probe_direction
+        from workbench.probes import ProbeError, probe_direction  # absolute: this module travels by source
 
         try:
             value = probe_direction(self.probe, self.label, self.layer, self.klass, group=self.group,
@@ -101,7 +101,7 @@ def _direction(value: Any) -> str | ProbeDirection | None:
         try:
             return ProbeDirection.model_validate(value)
         except ValidationError as exc:
-            from ..spec.translate import nested_problems
+            from workbench.spec.translate import nested_problems  # (translate imports the spec schema)
 
             problems: list[tuple[SpecPath, str]] = nested_problems(exc, ProbeDirection)
             _fail_many(problems)
