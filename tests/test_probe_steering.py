@@ -39,7 +39,7 @@ def probed(tmp_path_factory):
     """A planted-signal store written as the tiny model's (its width and depth), probed for `colour`
     (the probe is cached in the store, where a spec reads it)."""
     info = model_info(MODEL)
-    store = write_probe_store(tmp_path_factory.mktemp("steer") / "probed.zarr", n_samples=20, n_layers=info.n_layers,
+    store = write_probe_store(tmp_path_factory.mktemp("steer") / "probed.zarr", n_samples=12, n_layers=info.n_layers,
                               dim=info.hidden_size, model_id=MODEL).path
     results = probe.probe_results(open_models(store)[MODEL], "colour")
     return store, results
