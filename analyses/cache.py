@@ -47,11 +47,11 @@ import pandas as pd
 import xarray as xr
 import zarr
 
-from workbench.store import ANALYSIS_KIND, model_key, open_store
+from workbench.store import ANALYSES_GROUP, ANALYSIS_KIND, model_key, open_store
 
 from .streaming import as_str
 
-CACHE_GROUP = "_analyses"
+CACHE_GROUP = ANALYSES_GROUP
 STORE_ATTR = "workbench_store"
 KEEP_PER_PARAMS = 3  # entries kept per (model, analysis, parameters) for different inputs
 COMPUTED: Counter = Counter()  # analysis name -> times computed in this process (not read from cache)

@@ -55,7 +55,7 @@ N_SPLITS = 5
 LEVEL = 0.95
 # run labels that are not fields of the sample (what the run did, not what the data says)
 NOT_FIELDS = ("condition", "sample", "input", "prompt", "generated_text", "response", "answer_ids", "all_answers",
-              "patches")
+              "patches", "id_texts")
 
 
 def fields(ds: xr.Dataset) -> list[str]:

@@ -295,6 +295,42 @@ def test_vision_sites_and_the_embedding_table_run_remotely_as_locally(server, tm
     xr.testing.assert_identical(ours.reset_index("vision_patch"), theirs.reset_index("vision_patch"))
 
 
+def test_a_probe_steered_add_and_the_embedding_lens_run_remotely_as_locally(server, tmp_path, workbench_cache):
+    """An `add` along a stored probe travels as its vector (the server has no store, no workbench,
+    no analyses), and the `embed_lens` readout is computed where the weights live: the remote
+    store equals the local one."""
+    from analyses import probe
+    from analyses.synthetic import write_probe_store
+    from analyses.tables import open_models
+
+    info = model_info("tiny-qwen3vl")
+    probed = write_probe_store(tmp_path / "probed.zarr", n_samples=12, n_layers=info.n_layers, dim=info.hidden_size,
+                               model_id="tiny-qwen3vl").path
+    probe.probe_results(open_models(probed)["tiny-qwen3vl"], "colour")
+
+    def spec(store: Path) -> str:
+        return f"""\
+name: remote-steer
+models: [tiny-qwen3vl]
+data: {{source: builtin, n: 1}}
+conditions:
+  baseline: {{}}
+  steer: {{interventions: [{{kind: add, site: layer, layers: [1], positions: vision, factor: 4,
+            direction: {{probe: {probed}, label: colour, layer: 2, class: red}}}}]}}
+capture: [{{site: layer}}, {{site: embed_lens}}]
+store: {{path: {store}}}
+"""
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    run(spec(local), remote=False)
+    run(spec(remote), remote=config(server))
+    ours, theirs = load(local, "tiny-qwen3vl"), load(remote, "tiny-qwen3vl")
+    assert {"embed_nn_ids", "embed_nn_cos"} <= set(theirs.data_vars)
+    xr.testing.assert_identical(ours, theirs)
+    condition = np.asarray(theirs["condition"].values).astype(object).astype(str)
+    hidden = theirs["hidden"].sel(layer=1).values
+    assert not np.allclose(hidden[condition == "steer"], hidden[condition == "baseline"])
+
+
 SIMULATION_KEEPS_MODULES = """
 import sys
 from workbench.cli import main

@@ -26,6 +26,9 @@ Stored variables (dims; what a row is):
   top-k (`LENS_TOP_K`) token ids and log-probabilities of log_softmax(lm_head(final_norm(h_l))) at
   every position, rank 0 the most likely (no final-logit softcapping: the head's output, like
   `logprobs`).
+- `embed_nn_ids`, `embed_nn_cos (token, layer, embed_rank)`: the `EMBED_TOP_K` rows of the input
+  embedding table nearest to h_l by cosine at every position, and their cosines, nearest first
+  (site `embed_lens`); each id's text is in the run's `run_id_texts`.
 - `router_logits (token, decoder_layer, expert)`, `router_experts (token, decoder_layer,
   expert_rank)`: a mixture-of-experts layer's router logits and the top-k experts it selects,
   best first (NaN and -1 at a dense layer).
@@ -53,6 +56,7 @@ from .records import Record
 from .sites import order, position_index, read_order, site, site_tensor, batch_rows, to_device
 # every site's reader, where its site declares it (re-exported: the plan's readers in one place)
 from .sites.attention import AttentionCapture, attention_probabilities  # noqa: F401
+from .sites.embed_lens import EMBED_TOP_K, EmbeddingLensCapture  # noqa: F401
 from .sites.embed_table import EmbeddingTableCapture  # noqa: F401
 from .sites.layer import ResidualCapture  # noqa: F401
 from .sites.logit_lens import LENS_TOP_K, LogitLensCapture  # noqa: F401

@@ -66,11 +66,13 @@ class Estimate:
 
 
 def _dim_sizes(plan: ModelPlan, variable: str) -> dict[str, int]:
+    from .sites.embed_lens import EMBED_TOP_K
     from .sites.logit_lens import LENS_TOP_K
 
     info, capture = plan.info, plan.capture
     sizes = {"run": 1, "dim": info.hidden_size, "vocab": info.vocab_size, "embed_row": info.vocab_size,
-             "step": capture.max_new_tokens, "lens_rank": LENS_TOP_K}
+             "step": capture.max_new_tokens, "lens_rank": LENS_TOP_K,
+             "embed_rank": EMBED_TOP_K}
     if info.kv_heads and info.head_dim:
         sizes["kv"] = info.kv_heads * info.head_dim
     sizes.update({dim: len(labels) for dim, labels in capture.coords().get(variable, {}).items()})

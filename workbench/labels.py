@@ -67,6 +67,10 @@ class TokenTexts:
         return self.prompts[key]
 
 
+# captures whose values are token ids of the vocabulary, named in `run_id_texts` (with an `embed_lens` capture)
+ID_READOUTS = ("embed_nn_ids", "lens_ids")
+
+
 def text_labels(tokenizer: Any, inputs: ModelInputs, sample: Sample, result: RunResult,
                 token_texts: TokenTexts | None = None) -> dict[str, Variable]:
     """What a reader wants next to the ids: each token decoded on its own (`token_text`), and per
@@ -76,7 +80,9 @@ def text_labels(tokenizer: Any, inputs: ModelInputs, sample: Sample, result: Run
     category, answer, scoring mode (`run_eval_mode`, "" where the sample has none) and every
     accepted answer (`run_all_answers`, a JSON list), and the answer's token ids (`run_answer_ids`,
     a JSON list, tokenized without special tokens as the model would continue with it; `[]`
-    where the sample has none: the `compare` analysis reads the first one's log-prob)."""
+    where the sample has none: the `compare` analysis reads the first one's log-prob). With an
+    `embed_lens` capture, `run_id_texts`: a JSON object {id: text} of every token id the run's
+    `embed_nn_ids` and `lens_ids` name, each decoded on its own as `token_text` is."""
     ids = np.asarray(inputs.input_ids).reshape(-1).tolist()
     token_texts = token_texts or TokenTexts(tokenizer)
     tokens = token_texts(ids)
@@ -91,6 +97,11 @@ def text_labels(tokenizer: Any, inputs: ModelInputs, sample: Sample, result: Run
         "run_all_answers": Variable(("run",), np.array([json.dumps(list(sample.all_answers))], dtype=object)),
         "run_answer_ids": Variable(("run",), np.array([json.dumps(answer_ids(tokenizer, sample.answer))], dtype=object)),
     }
+    read_out = [np.asarray(result.tokens[name]).reshape(-1) for name in ID_READOUTS if name in result.tokens]
+    if "embed_nn_ids" in result.tokens:  # the texts of the token ids the readouts name (the prompt need not hold them)
+        named = sorted(set(np.concatenate(read_out).astype(np.int64).tolist()))
+        labels["run_id_texts"] = Variable(("run",), np.array([json.dumps(dict(zip(map(str, named), token_texts(named))),
+                                                                         ensure_ascii=False)], dtype=object))
     if generated is not None:
         steps = [int(i) for i in np.asarray(generated).reshape(-1)]
         text = tokenizer.decode(steps, skip_special_tokens=False)

@@ -16,7 +16,7 @@ GEOMETRY_LABELS = ("image", "tile", "patch_row", "patch_col", "box_x0", "box_y0"
 GEOMETRY, GEOMETRY_DIM = "geometry", "geometry_label"
 # readable labels the runner stores beside the ids (workbench.labels.text_labels)
 TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_answer", "run_eval_mode", "run_all_answers",
-               "run_generated_text", "run_response", "run_answer_ids")
+               "run_generated_text", "run_response", "run_answer_ids", "run_id_texts")
 # the per-run text labels above (all but token_text) are stored together, one JSON object per run,
 # in this one array: a commit then appends one array for them instead of eight
 RUN_TEXT = "run_text"

@@ -150,7 +150,7 @@ BAD_SPECS = {
         mutate("{site: layer, layers: all}", "{site: projector}"),
         "capture[0].site",
         27,
-        "site 'projector' cannot be captured; expected one of embed, embed_table, vision_layer, vision, keys, layer,",
+        "site 'projector' cannot be captured; expected one of embed, embed_table, vision_layer, vision, embed_lens, keys, layer,",
     ),
     "edit of a site that cannot be edited": (
         mutate("{kind: zero, site: layer, layers: [1]}", "{kind: zero, site: attention, layers: [1]}"),

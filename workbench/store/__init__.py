@@ -69,7 +69,7 @@ from .layout import _CHUNK_BYTES, _LABEL_CHUNK, MODALITIES, PATCH_DIM, Variable,
 from .objects import ObjectStore, _short, location
 from .paths import StoreBusyError, StoreIOError, check_store_path, fault_point, io_failure, lock_path
 from .reading import (
-    ANALYSIS_KIND, PATCH_PREFIX, RUN_PREFIX, _read_session, _reading, list_models, open_store, store_history,
+    ANALYSES_GROUP, ANALYSIS_KIND, PATCH_PREFIX, RUN_PREFIX, _read_session, _reading, list_models, open_store, store_history,
     store_info,
 )
 from .repair import Diagnosis, IntactSnapshot, diagnose, repair_store
@@ -79,7 +79,7 @@ from .verify import Damage, verify_store
 from .writer import COMMIT_TRIES, CREATE_WAIT_S, BranchMovedError, StoreWriter
 
 __all__ = [
-    "ANALYSIS_KIND", "BRANCH", "COMMIT_TRIES", "CREATE_WAIT_S", "MODALITIES", "MODEL_IDENTITY",
+    "ANALYSES_GROUP", "ANALYSIS_KIND", "BRANCH", "COMMIT_TRIES", "CREATE_WAIT_S", "MODALITIES", "MODEL_IDENTITY",
     "PATCH_DIM", "PATCH_PREFIX", "ROW_NAMES", "RUN_END", "RUN_PREFIX", "RUN_TAG", "STORE_FORMAT", "BranchMovedError", "Damage",
     "Diagnosis", "IntactSnapshot", "ObjectStore", "StoreBusyError", "StoreError", "StoreIOError",
     "StoreIdentityError", "StorePathError", "StoreWriter", "Variable", "check_store_path", "diagnose", "fault_point",

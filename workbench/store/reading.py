@@ -23,6 +23,7 @@ from .staging import ROW_NAMES, _rows_along
 
 # attrs["workbench_kind"] of the analysis cache (analyses.cache), a plain zarr folder beside the repository
 ANALYSIS_KIND = "analysis"
+ANALYSES_GROUP = "_analyses"  # that folder's name inside the store's directory
 RUN_PREFIX = "run_"  # per-run labels: `condition` would clash with the token labels of that name
 PATCH_PREFIX = "patch_"  # per-patch labels (vision-tower rows, dim PATCH_DIM), likewise
 
