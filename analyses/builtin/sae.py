@@ -54,7 +54,7 @@ def sae_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             results = sae_analysis.sae_results(ds, source.path)
             kl = sae_analysis.splice_kl(ds, source, options.reference, options.step, options.n_resamples,
                                         options.seed, options.force)
-            _rows(b, model, source, data, results, kl)
+            _rows(b, model, source, data, results, kl, set(sae_analysis.splice_conditions(ds, source)))
             parts.append(data[list(SHOWN) + ["fvu"]].expand_dims(sae=[source.name]).assign_coords(
                 layer=("sae", [source.layer])))
         if not parts:
@@ -73,8 +73,10 @@ def sae_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
 
 def _rows(b: Builder, model: str, source: sae_analysis.SaeSource, data: xr.Dataset, results: xr.Dataset,
-          kl: dict[str, xr.DataArray]) -> None:
+          kl: dict[str, xr.DataArray], spliced: set[str]) -> None:
     for condition in data.condition.values:
+        if condition in spliced:   # its stored values are the reconstruction itself: reported by the KL
+            continue
         features = sae_analysis.feature_summary(results, str(condition))
         for group in sae_analysis.GROUPS:
             at = data.sel(condition=condition, group=group)
@@ -83,10 +85,10 @@ def _rows(b: Builder, model: str, source: sae_analysis.SaeSource, data: xr.Datas
                 continue
             cells = [estimate(at[name], 3 if name == "explained" else 2) for name in SHOWN]
             b.count(model, at["l0"])
-            spliced = estimate(kl[group], 3) if condition == b.options.reference and group in kl else NA
+            kl_cell = estimate(kl[group], 3) if condition == b.options.reference and group in kl else NA
             specific = str(features.specific[group]) if group in features.specific else ""
             b.table.rows.append([model, source.name, f"{source.variable} {source.layer}", str(condition), group, str(n),
-                                 *cells, spliced, f"{features.alive[group]} of {source.d_sae}", specific,
+                                 *cells, kl_cell, f"{features.alive[group]} of {source.d_sae}", specific,
                                  str(features.dead), _top(features.top[group])])
 
 
