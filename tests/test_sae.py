@@ -138,7 +138,6 @@ BLOCKED = textwrap.dedent("""
     print("probe", main(["analyze", sys.argv[1], "probe", "--label", "colour", "--no-progress"]))
     print("train", main(["sae", "train", sys.argv[1], "--layer", "1", "--out", sys.argv[2]]))
     print("analyze", main(["analyze", sys.argv[1], "sae", "--sae", sys.argv[3], "--no-progress"]))
-    print("torch" in sys.modules and "imported torch" or "no torch")
 """)
 
 
