@@ -42,7 +42,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -53,6 +53,9 @@ from . import streaming
 from .bootstrap import summarize
 from .cache import MissingInputs, cached
 from .streaming import as_dask, layer_values, layout, take_rows
+
+if TYPE_CHECKING:
+    from sae_lens import SAE
 
 GROUPS = (*MODALITIES, "all")
 PER_SAMPLE = ("l0", "mse", "fvu", "explained")
@@ -130,10 +133,10 @@ def sae_source(path: str) -> SaeSource:
     return SaeSource(str(folder), variable, layer, int(cfg["d_in"]), int(cfg["d_sae"]), _digest(folder))
 
 
-_MODELS: dict[tuple[str, str], Any] = {}
+_MODELS: dict[tuple[str, str], SAE] = {}
 
 
-def load_sae(source: SaeSource) -> Any:
+def load_sae(source: SaeSource) -> SAE:
     """`sae_lens.SAE.load_from_disk` on the CPU, once per SAE (keyed by its files' digest)."""
     from workbench.sae import require_sae_lens
 
@@ -146,7 +149,7 @@ def load_sae(source: SaeSource) -> Any:
     return _MODELS[key]
 
 
-def encode(sae: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def encode(sae: SAE, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(features, reconstruction) of rows `x` by the SAE's own encode and decode, as float32."""
     import torch
 
@@ -198,15 +201,17 @@ class _Sums:
     def add(self, samples: np.ndarray, groups: np.ndarray, x: np.ndarray, f: np.ndarray, r: np.ndarray) -> None:
         x64 = x.astype(np.float64)
         active = f != 0
-        error = ((x64 - r) ** 2).sum(1)
-        for g in (groups, np.full(len(groups), len(GROUPS) - 1)):   # its modality, and `all`
-            np.add.at(self.n, (samples, g), 1)
-            np.add.at(self.l0, (samples, g), active.sum(1))
-            np.add.at(self.sq_error, (samples, g), error)
-            np.add.at(self.sq_norm, g, (x64 ** 2).sum(1))
-            np.add.at(self.sum_x, g, x64)
-            np.add.at(self.fires, g, active)
-            np.add.at(self.activation, g, f)
+        l0, error, sq_norm = active.sum(1), ((x64 - r) ** 2).sum(1), (x64 ** 2).sum(1)
+        everything = len(GROUPS) - 1
+        for g in [*np.unique(groups).tolist(), everything]:   # each modality present, and `all`
+            at = groups == g if g != everything else np.ones(len(groups), bool)
+            np.add.at(self.n[:, g], samples[at], 1)
+            np.add.at(self.l0[:, g], samples[at], l0[at])
+            np.add.at(self.sq_error[:, g], samples[at], error[at])
+            self.sq_norm[g] += sq_norm[at].sum()
+            self.sum_x[g] += x64[at].sum(0)
+            self.fires[g] += active[at].sum(0)
+            self.activation[g] += f[at].sum(0)
 
 
 def sae_results(ds: xr.Dataset, sae: str, *, force: bool = False, cache: bool = True) -> xr.Dataset:

@@ -26,15 +26,17 @@ from ..spec.fields import _fail
 from .base import Intervention
 
 if TYPE_CHECKING:
+    from sae_lens import SAE
+
     from ..models.model import ModelInfo
 
 SAE_CONFIG = "cfg.json"     # sae_lens.constants.SAE_CFG_FILENAME (6.54)
 
 # one loaded SAE per (directory, device, dtype) in this process: a run applies it at every forward
-_LOADED: dict[tuple[str, str, str], Any] = {}
+_LOADED: dict[tuple[str, str, str], SAE] = {}
 
 
-def sae_config(path: str | Path) -> dict[str, Any]:
+def sae_config(path: str | Path) -> dict[str, object]:
     """The SAE's cfg.json (d_in, d_sae, architecture, metadata)."""
     return dict(json.loads((Path(path) / SAE_CONFIG).read_text()))
 
@@ -64,7 +66,7 @@ def _width(raw: SaeSpliceSpec, info: ModelInfo) -> list[tuple[tuple[Any, ...], s
     return []
 
 
-def load_sae(path: str, device: torch.device, dtype: torch.dtype) -> Any:
+def load_sae(path: str, device: torch.device, dtype: torch.dtype) -> SAE:
     """`sae_lens.SAE.load_from_disk(path)` on `device` in `dtype`, once per process."""
     key = (str(Path(path).resolve()), str(device), str(dtype))
     if key not in _LOADED:
