@@ -69,7 +69,9 @@ SITE_VARIABLES = {"layer": "hidden"}   # an edited site -> the variable it is st
 
 @dataclass(frozen=True)
 class SaeSource:
-    """One SAE directory and what it reads: `variable` at `layer`; `digest` keys the cache."""
+    """One SAE directory and what it reads: `variable` at `layer`; `digest` keys the cache;
+    `model`: the model `workbench sae train` trained it on (None: an SAE from elsewhere, applied to
+    every model of its width)."""
 
     path: str
     variable: str
@@ -77,6 +79,7 @@ class SaeSource:
     d_in: int
     d_sae: int
     digest: str
+    model: str | None = None
 
     @property
     def name(self) -> str:
@@ -122,15 +125,17 @@ def sae_source(path: str) -> SaeSource:
     folder = Path(path)
     cfg = json.loads((folder / CONFIG).read_text())
     meta = cfg.get("metadata") or {}
+    model = None
     if "workbench_variable" in meta and "workbench_layer" in meta:
         variable, layer = str(meta["workbench_variable"]), int(meta["workbench_layer"])
+        model = str(meta["model_name"]) if meta.get("workbench_store") and meta.get("model_name") else None
     else:
         site = _hook_site(str(meta.get("hook_name", "")))
         if site is None:
             raise ValueError(f"--sae: {path}: its hook {meta.get('hook_name')!r} names no stored layer; expected "
                              "metadata workbench_variable and workbench_layer, or blocks.L.hook_resid_pre/post")
         variable, layer = site
-    return SaeSource(str(folder), variable, layer, int(cfg["d_in"]), int(cfg["d_sae"]), _digest(folder))
+    return SaeSource(str(folder), variable, layer, int(cfg["d_in"]), int(cfg["d_sae"]), _digest(folder), model)
 
 
 _MODELS: dict[tuple[str, str], SAE] = {}

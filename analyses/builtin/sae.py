@@ -46,6 +46,9 @@ def sae_table(models: dict[str, xr.Dataset], options: Options) -> Table:
             raise MissingInputs("an SAE: `--sae DIR` (SAELens's format, e.g. from `workbench sae train`)")
         parts, lacking = [], []
         for source in sources:
+            if source.model not in (None, model):
+                lacking.append(f"{source.name}: trained on {source.model}")
+                continue
             try:
                 data = sae_analysis.sae_metrics(ds, source.path, options.n_resamples, options.seed, force=options.force)
             except MissingInputs as err:
@@ -92,7 +95,7 @@ def _rows(b: Builder, model: str, source: sae_analysis.SaeSource, data: xr.Datas
                                  str(features.dead), _top(features.top[group])])
 
 
-def reconstruction_gap(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+def sae_reconstruction_gap(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     """FVU of vision and text tokens against the SAEs' layers, and the gap vision − text."""
     plot = Plot("sae_reconstruction_gap", "SAE reconstruction: vision against text tokens", options, out)
     data = plot.table(sae_table, models, options)
@@ -114,16 +117,16 @@ def reconstruction_gap(models: dict[str, xr.Dataset], options: Options, out: Pat
             at = values["fvu"].sel(condition=condition, stat="value")
             diff = at.sel(group="vision").values - at.sel(group="text").values
             if np.isfinite(diff).any():
-                gap.plot(x, diff, color=colors[condition], marker="o", label=f"_{condition}")
+                gap.plot(x, diff, color=colors[condition], marker="o", label=condition)
         gap.axhline(0.0, color="#777777", linewidth=0.8)
         fvu.set(title=f"{model}: {reference}", ylabel="fraction of variance unexplained")
         gap.set(title=f"{model}: gap per condition", ylabel="FVU vision − FVU text")
         for ax in (fvu, gap):
             layer_axis(ax.xaxis)
-    return plot.finish(legend="tokens (solid: vision, dashed: text)")
+    return plot.finish(legend="tokens (left) and condition (right)")
 
 
 register_analysis(Analysis(
     name="sae", section="Sparse features: does the language model's dictionary cover vision tokens?",
     inputs=("hidden",), metrics=(sae_analysis.sae_metrics, sae_analysis.sae_results, sae_analysis.feature_summary),
-    table=sae_table, figures=(reconstruction_gap,), order=185))
+    table=sae_table, figures=(sae_reconstruction_gap,), order=185))
