@@ -138,17 +138,20 @@ BLOCKED = textwrap.dedent("""
     print("probe", main(["analyze", sys.argv[1], "probe", "--label", "colour", "--no-progress"]))
     print("train", main(["sae", "train", sys.argv[1], "--layer", "1", "--out", sys.argv[2]]))
     print("analyze", main(["analyze", sys.argv[1], "sae", "--sae", sys.argv[3], "--no-progress"]))
+    print("validate", main(["validate", sys.argv[4]]))
 """)
 
 
 def test_without_the_extra_the_core_runs_and_sae_commands_exit_2(stores, trained, tmp_path):
     _, train, _ = stores
-    done = subprocess.run([sys.executable, "-c", BLOCKED, str(train), str(tmp_path / "out"), str(trained)],
+    spec = tmp_path / "splice.yaml"
+    spec.write_text(SPLICE_SPEC.format(sae=trained, store=tmp_path / "never.zarr"))
+    done = subprocess.run([sys.executable, "-c", BLOCKED, str(train), str(tmp_path / "out"), str(trained), str(spec)],
                           capture_output=True, text=True, timeout=300)
     lines = done.stdout.splitlines()
     assert "info 0" in lines and "probe 0" in lines, done.stdout + done.stderr
-    assert "train 2" in lines and "analyze 2" in lines, done.stdout + done.stderr
-    assert done.stderr.count("needs SAELens, the optional extra 'sae': pip install \"vlm-workbench[sae]\"") == 2
+    assert "train 2" in lines and "analyze 2" in lines and "validate 2" in lines, done.stdout + done.stderr
+    assert done.stderr.count("needs SAELens, the optional extra 'sae': pip install \"vlm-workbench[sae]\"") == 3
     assert not (tmp_path / "out").exists()
 
 
