@@ -109,6 +109,21 @@ def test_trained_sae_beats_a_random_dictionary_on_held_out_samples(stores, train
     assert float(got["trained"].sel(stat="value")) > 0.5
 
 
+def test_the_figure_draws_the_gap_over_the_saes_layers(stores, tmp_path, capsys):
+    from matplotlib.image import imread
+
+    _, train, _ = stores
+    for layer in (0, 1):
+        torch.manual_seed(layer)
+        TopKSAE(TopKSAEConfig(d_in=DIM, d_sae=D_SAE, k=K, metadata=SAEMetadata(
+            hook_name=f"blocks.{layer}.hook_resid_pre"))).save_model(tmp_path / "saes" / f"layer{layer}")
+    assert main(["analyze", str(train), "sae", "--sae", str(tmp_path / "saes"), "--figures", str(tmp_path / "fig"),
+                 "--resamples", "50", "--no-progress"]) == 0
+    assert "| syn/probe | layer0 | hidden 0 |" in capsys.readouterr().out
+    image = imread(tmp_path / "fig" / "sae_reconstruction_gap.png")
+    assert image.shape[0] > 300 and image[..., :3].std() > 0.05
+
+
 def test_cli_prints_the_table_and_refuses_a_missing_sae(stores, trained, capsys):
     _, train, _ = stores
     assert main(["analyze", str(train), "sae", "--sae", str(trained), "--resamples", "50", "--no-progress"]) == 0

@@ -18,7 +18,7 @@ from .. import sae as sae_analysis
 from ..cache import MissingInputs
 from ..compare import kl_direction
 from ..figures import FigureFile, Plot
-from ..plotting import band, condition_colors, layer_axis
+from ..plotting import MODALITY_COLORS, band, condition_colors, layer_axis
 from ..registry import Analysis, register_analysis
 from ..tables import Builder, Cell, Options, Table, estimate
 
@@ -110,9 +110,9 @@ def sae_reconstruction_gap(models: dict[str, xr.Dataset], options: Options, out:
         x = values["layer"].values
         fvu, gap = axes[row, 0], axes[row, 1]
         reference = options.reference if options.reference in conditions else conditions[0]
-        for group, style in (("vision", "-"), ("text", "--")):
-            band(fvu, x, values["fvu"].sel(condition=reference, group=group), colors[reference],
-                 f"{group} tokens", linestyle=style, marker="o")
+        for group in ("vision", "text"):
+            band(fvu, x, values["fvu"].sel(condition=reference, group=group), MODALITY_COLORS[group],
+                 f"{group} tokens", marker="o")
         for condition in conditions:
             at = values["fvu"].sel(condition=condition, stat="value")
             diff = at.sel(group="vision").values - at.sel(group="text").values
