@@ -45,12 +45,13 @@ docs: $(STAMP)
 install: $(STAMP)
 
 # torch first and pinned to the CPU wheel: a bare `torch` requirement pulls a multi-GB CUDA build.
-# A torch already in the venv (e.g. a CUDA build on a GPU machine) is kept.
+# A torch already in the venv (e.g. a CUDA build on a GPU machine) is kept. The `sae` extra (SAELens)
+# is installed so that the tests and CI run the sparse-autoencoder commands.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[models,test,docs]"
+	$(BIN)/python -m pip install -q -e ".[models,test,docs,sae]"
 	touch $(STAMP)
 
 clean-stores:

@@ -86,6 +86,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "the data's JSONL (default: category)")
     parser.add_argument("--where", metavar="FIELD=VALUE",
                         help="probe only the samples whose FIELD is VALUE, e.g. category=color")
+    parser.add_argument("--sae", action="append", metavar="DIR",
+                        help="an SAE in SAELens's format (e.g. from `workbench sae train`), or a directory of them, "
+                             "that the `sae` analysis encodes the stored activations with (repeatable; needs the "
+                             "optional extra 'sae')")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     parser.add_argument("--plugins", type=_plugin_modules, action="extend", metavar="MODULE[,MODULE]",
@@ -164,6 +168,31 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise BadInputError(f"--samples[{i}]: no sample {sample!r} in {args.store}{did_you_mean(sample, held)}; "
                                 f"expected one of {', '.join(held[:10])}{' ...' if len(held) > 10 else ''}")
     _check_fields(args, chosen)
+    _check_saes(args)
+
+
+def _check_saes(args: argparse.Namespace) -> None:
+    """`--sae` must name SAEs in SAELens's format, and SAELens (the extra 'sae') must be installed;
+    the `sae` table asked for by name needs one. Each is exit 2 with its message."""
+    from workbench.errors import BadInputError
+
+    given = getattr(args, "sae", None) or []
+    if not given:
+        if "sae" in (getattr(args, "names", None) or ()):
+            raise BadInputError("--sae: the sae table encodes with an SAE; expected --sae DIR (an SAE in SAELens's "
+                                "format, e.g. from `workbench sae train`)")
+        return
+    from workbench.sae import require_sae_lens
+
+    from .sae import sae_directories, sae_source
+
+    require_sae_lens("--sae (the sae analysis)")
+    try:
+        args.sae = sae_directories(given)
+        for path in args.sae:
+            sae_source(path)
+    except (ValueError, OSError, KeyError) as err:
+        raise BadInputError(str(err)) from None
 
 
 def _check_fields(args: argparse.Namespace, chosen: list) -> None:
@@ -201,7 +230,7 @@ def _options(args: argparse.Namespace):
     return Options(reference=args.reference, blank=args.blank, text_only=args.text_only, hybrid=args.hybrid,
                    self_swap=args.self_swap, swaps=tuple(args.swaps or ()), sweep=args.sweep, step=args.step, metric=args.metric, tokens=args.tokens, n_resamples=args.resamples, seed=args.seed,
                    force=args.force, figure_format=args.figure_format, samples=tuple(args.samples), label=args.label or "category",
-                   where=args.where, definitions={"text_set": args.text_set, "average_layers": args.average_layers,
+                   where=args.where, sae=tuple(getattr(args, "sae", None) or ()), definitions={"text_set": args.text_set, "average_layers": args.average_layers,
                                                   "rank_base": args.rank_base})
 
 

@@ -56,6 +56,7 @@ class Options:
     figure_format: str = "png"      # the figures' files: png, svg or pdf (analyses.commands.FIGURE_FORMATS)
     label: str = "category"         # the per-sample field the probes decode (`run_<label>`)
     where: str | None = None        # FIELD=VALUE: probe only the samples with that value
+    sae: tuple[str, ...] = ()       # SAE directories (SAELens's format) the `sae` analysis encodes with
     # overrides of the definitions a store holds (workbench.definitions): text_set, average_layers, rank_base
     definitions: dict[str, Any] = field(default_factory=dict)
 

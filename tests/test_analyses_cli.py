@@ -214,9 +214,10 @@ def test_report_writes_report_md_and_readable_pngs(analysed, tmp_path, capsys):
     # the tables' analyses come from the cache `analyze` filled; only figure-only ones are new
     assert set(COMPUTED - before) <= {"prefill_attention", "decode_attention_mass"}
     report = (out / "report.md").read_text()
-    # the shared store holds no patching scan: that section is the one it cannot fill (its figure
-    # is drawn from a store with a scan in test_figures.py)
-    held = [a for a in registry.analyses() if a.name != "patching"]
+    # the shared store holds no patching scan, and no SAE is given: those sections are the ones it
+    # cannot fill (their figures are drawn in test_figures.py from a store with a scan, and in
+    # test_sae.py with SAEs)
+    held = [a for a in registry.analyses() if a.name not in ("patching", "sae")]
     for name in [make.__name__ for analysis in held for make in analysis.figures]:
         png = out / f"{name}.png"
         assert png.stat().st_size > 10_000, name

@@ -44,12 +44,31 @@ def sweep_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def drawn(sweep_store, tmp_path_factory) -> dict[str, list[FigureFile]]:
+def saes(tmp_path_factory) -> tuple[str, ...]:
+    """SAEs in SAELens's format (initialized, untrained) for the first model's `hidden` at every
+    layer (TransformerLens's hook names): the `sae` figure draws them."""
+    import torch
+    from sae_lens import TopKSAE, TopKSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    root, first = tmp_path_factory.mktemp("saes"), DEFAULT_MODELS[0]
+    for layer in range(first.n_layers + 1):
+        torch.manual_seed(layer)
+        TopKSAE(TopKSAEConfig(d_in=first.dim, d_sae=4 * first.dim, k=4, metadata=SAEMetadata(
+            hook_name=f"blocks.{layer}.hook_resid_pre"))).save_model(root / f"layer{layer}")
+    return (str(root),)
+
+
+@pytest.fixture(scope="module")
+def drawn(sweep_store, saes, tmp_path_factory) -> dict[str, list[FigureFile]]:
     """Every registered figure, from all three models and from the first alone."""
+    from analyses.sae import sae_directories
+
     models = open_models(sweep_store)
     first = next(iter(models))
-    return {"all models": write_figures(models, OPTIONS, tmp_path_factory.mktemp("all")),
-            "one model": write_figures({first: models[first]}, OPTIONS, tmp_path_factory.mktemp("one"))}
+    options = Options(n_resamples=OPTIONS.n_resamples, sae=tuple(sae_directories(saes)))
+    return {"all models": write_figures(models, options, tmp_path_factory.mktemp("all")),
+            "one model": write_figures({first: models[first]}, options, tmp_path_factory.mktemp("one"))}
 
 
 def panels(fig: Figure) -> list[Axes]:

@@ -26,12 +26,23 @@ conditions:
   add: {interventions: [{kind: add, site: layer, layers: [1], direction: random, seed: 1}]}
   patch: {interventions: [{kind: patch, site: layer, layers: [1], positions: vision, from: blank}]}
   normalize: {interventions: [{kind: normalize, target: 2.0}]}
+  sae_splice: {interventions: [{kind: sae_splice, site: layer, layers: [1], positions: vision, sae: SAE_DIR}]}
 capture: [{site: layer}]
 store: {path: unused.zarr}
 """
 
 
-def test_every_builtin_kind_is_one_module_registered_like_a_plugin():
+@pytest.fixture(scope="module")
+def every_kind(tmp_path_factory) -> str:
+    """EVERY_KIND with an SAE in SAELens's format of tiny-qwen3vl's width, for `sae_splice` to name."""
+    from sae_lens import StandardSAE, StandardSAEConfig
+
+    path = tmp_path_factory.mktemp("kinds") / "sae"
+    StandardSAE(StandardSAEConfig(d_in=model_info("tiny-qwen3vl").hidden_size, d_sae=16)).save_model(path)
+    return EVERY_KIND.replace("SAE_DIR", str(path))
+
+
+def test_every_builtin_kind_is_one_module_registered_like_a_plugin(every_kind):
     kinds = intervention_kinds()
     folder = Path(interventions.__file__).parent
     modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "base"))
@@ -41,7 +52,7 @@ def test_every_builtin_kind_is_one_module_registered_like_a_plugin():
         assert typing.get_args(kind.spec.model_fields["kind"].annotation) == (name,)   # the model's own tag
         assert issubclass(kind.runtime, interventions.Intervention)
     # every kind, built through the registry from a parsed spec, is the registered class
-    compiled = compile_plan(spec.parse_spec(EVERY_KIND), model_info("tiny-qwen3vl"))
+    compiled = compile_plan(spec.parse_spec(every_kind), model_info("tiny-qwen3vl"))
     built = {c.name: c.interventions[0] for c in compiled.conditions if c.interventions}
     assert set(built) == set(kinds)
     for name, item in built.items():
@@ -52,13 +63,14 @@ def test_sweepable_fields_come_from_the_kinds_models():
     swept = {name: kind.swept() for name, kind in intervention_kinds().items()}
     edit = {"positions": "positions", "layers": "layers"}  # every `InterventionSpec` selects them
     assert swept == {"add": {**edit, "seed": "seed", "norm": "positive", "factor": "number"},
-                     "normalize": {"target": "number"}, "patch": edit, "scale": {**edit, "factor": "number"}, "zero": edit}
+                     "normalize": {"target": "number"}, "patch": edit, "scale": {**edit, "factor": "number"}, "zero": edit,
+                     "sae_splice": edit}
 
 
 def test_spec_errors_list_the_registered_kinds():
     with pytest.raises(spec.SpecError) as caught:
         spec.parse_spec(EVERY_KIND.replace("kind: zero", "kind: ablate"))
-    listed = re.findall(r"'([a-z]+)'", str(caught.value).split("expected one of", 1)[1])
+    listed = re.findall(r"'([a-z_]+)'", str(caught.value).split("expected one of", 1)[1])
     assert tuple(listed) == spec.kind_names() == tuple(intervention_kinds())
 
 

@@ -1,4 +1,4 @@
-"""The `workbench` command line: run, validate, info, verify, analyze, report, check, families."""
+"""The `workbench` command line: run, validate, info, verify, analyze, report, check, families, sae."""
 
 from __future__ import annotations
 
@@ -390,6 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first point a branch whose pointer, config or snapshot is damaged at the newest "
                              "intact snapshot")
     verify.set_defaults(func=cmd_verify)
+
+    from .sae import add_sae_parser  # argparse only: SAELens loads when `sae train` runs
+
+    add_sae_parser(sub, common)
 
     from analyses import commands  # argparse only: the analyses themselves load on use
 

@@ -271,6 +271,19 @@ def _inputs_text(inputs: tuple[str, ...]) -> str:
     return ", ".join(where(v) for v in inputs)
 
 
+def _catalogue_saes(store: Path, out: Path) -> tuple[str, ...]:
+    """SAEs the `sae` entry encodes with: one per layer of the first synthetic model's `hidden`,
+    trained by `workbench sae train`'s function on its baseline tokens (none without SAELens)."""
+    from workbench.sae import TrainSettings, train_sae
+
+    try:
+        import sae_lens  # noqa: F401
+    except ImportError:
+        return ()
+    return tuple(str(train_sae(str(store), out / f"layer{layer}", TrainSettings(
+        layer=layer, model="syn/a-small", k=4, epochs=60, batch_size=32, lr=1e-2)).out) for layer in range(4))
+
+
 def _catalogue_entries(out: Path) -> tuple[dict[str, str], list[Path]]:
     """{analysis: its Markdown} and the figures' files, from a synthetic store written in `out`."""
     import matplotlib
@@ -283,7 +296,7 @@ def _catalogue_entries(out: Path) -> tuple[dict[str, str], list[Path]]:
 
     store = write_synthetic_store(out / "synthetic.zarr", n_samples=3, scan_layers=(0, 1, 2)).path
     models = open_models(store)
-    options = Options(n_resamples=200)
+    options = Options(n_resamples=200, sae=_catalogue_saes(store, out / "saes"))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     entries, pngs = {}, []
     for analysis in registry.analyses():

@@ -179,8 +179,10 @@ def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Datas
 def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> xr.Dataset:
     model_group = root[key]
     token_parts, run_parts, patch_parts, sweep_vars = [], [], [], []
+    interventions: dict[str, list[str]] = {}   # each condition's interventions, as the run recorded them (repr)
     for condition, group in sorted(model_group.groups()):
         attrs = dict(group.attrs)
+        interventions[condition] = list(attrs.get("interventions") or [])
         sweep_vars += [name for name in attrs.get("sweep") or {} if name not in sweep_vars]
         tokens, runs, patches = _open_condition(store, key, condition, attrs)
         token_parts.append(tokens)
@@ -202,7 +204,8 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
     for variable in ds.variables.values():  # the source arrays' chunking says nothing of the concatenation
         variable.encoding = {}
     # None has no netCDF/zarr attribute form (a local model's revision): such attrs are left out
-    attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
+    attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", [])),
+             "interventions": json.dumps(interventions)}
     ds.attrs = {k: v for k, v in attrs.items() if v is not None}
     return ds
 
