@@ -36,14 +36,19 @@ def readme_commands(after: str) -> list[str]:
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """The registry as it was, after the test (a plugin's kinds and module are forgotten)."""
+def registry(monkeypatch, tmp_path):
+    """The registry as it was, after the test (a plugin's kinds and module are forgotten). Only
+    the plugin modules (files under `tmp_path`) are dropped from sys.modules: a library module
+    imported during the test stays, or a second import of it would make a second copy of its
+    classes (an enum's members would not compare with the first copy's)."""
     extend.intervention_kinds()
     monkeypatch.setattr(extend, "_KINDS", dict(extend._KINDS))
     modules = set(sys.modules)
     yield
     for name in set(sys.modules) - modules:
-        if not name.startswith(("workbench", "torch", "transformers", "nnsight")):
+        module = sys.modules[name]
+        where = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+        if any(str(w).startswith(str(tmp_path)) for w in where):
             del sys.modules[name]
 
 

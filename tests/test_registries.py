@@ -48,7 +48,7 @@ def test_every_builtin_kind_is_one_module_registered_like_a_plugin(every_kind):
     modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "base"))
     assert list(kinds) == modules                              # one file per kind, and the file's name is the kind
     for name, kind in kinds.items():
-        assert kind.module == f"workbench.interventions.{name}" and kind.builtin and kind.remote
+        assert kind.module == f"workbench.interventions.{name}" and kind.builtin and (kind.remote or kind.local_only is not None)
         assert typing.get_args(kind.spec.model_fields["kind"].annotation) == (name,)   # the model's own tag
         assert issubclass(kind.runtime, interventions.Intervention)
     # every kind, built through the registry from a parsed spec, is the registered class

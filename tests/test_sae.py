@@ -211,3 +211,20 @@ def test_sae_splice_stores_the_reconstruction_and_the_table_reads_its_kl(tmp_pat
     compared = output_metrics(model, n_resamples=50)["kl"].sel(condition="spliced", step=0)
     np.testing.assert_allclose(kl.values, compared.values)
     assert float(compared.sel(stat="value")) > 0
+
+
+def test_sae_splice_on_ndif_is_refused_before_any_job(tmp_path, capsys):
+    """SAELens is not on NDIF's import whitelist: a remote backend is refused by `validate` and by
+    `run --remote`, naming the kind, before any job or store."""
+    sae_dir = tmp_path / "sae"
+    TopKSAE(TopKSAEConfig(d_in=64, d_sae=128, k=8, metadata=SAEMetadata(
+        hook_name="blocks.1.hook_resid_pre"))).save_model(sae_dir)
+    spec, store = tmp_path / "splice.yaml", tmp_path / "never.zarr"
+    spec.write_text(SPLICE_SPEC.format(sae=sae_dir, store=store) + "backend: {kind: remote}\n")
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "interventions[0].kind" in err and "'sae_splice' runs locally only" in err, err
+    spec.write_text(SPLICE_SPEC.format(sae=sae_dir, store=store))
+    assert main(["run", str(spec), "--remote", "local", "--no-progress", "-q"]) == 2
+    assert "intervention kind 'sae_splice' runs locally only" in capsys.readouterr().err
+    assert not store.exists()

@@ -67,7 +67,9 @@ class InterventionKind:
       at (`workbench.sites.Site.access`: `sequence` positions, connector `modules`, tower `patches`)
     source: the spec field naming a condition whose values it reads first (`bind`), if any
     check: (spec entry, `ModelInfo`) -> [(sub-path, message)]: what a model cannot give it
-    module: where it was declared (a module outside `workbench` is a plugin)"""
+    module: where it was declared (a module outside `workbench` is a plugin)
+    local_only: why it cannot run on NDIF, for a kind that never can (None: it can, or a plugin's
+      imports decide)"""
 
     name: str
     spec: type[KindSpec]
@@ -77,6 +79,7 @@ class InterventionKind:
     source: str | None
     check: Check | None
     module: str
+    local_only: str | None = None
 
     @property
     def builtin(self) -> bool:
@@ -89,7 +92,9 @@ class InterventionKind:
         return self.remote_problem() is None
 
     def remote_problem(self) -> str | None:
-        """Why its code cannot be shipped to NDIF (naming the import), or None."""
+        """Why it cannot run on NDIF (its declared reason, or the import its code cannot ship), or None."""
+        if self.local_only is not None:
+            return self.local_only
         if self.builtin:
             return None
         from .backends.shipping import ndif_problem
@@ -125,8 +130,9 @@ def _kind_name(spec: type[KindSpec]) -> str:
 
 def register_intervention(spec: type[KindSpec], *, sites: tuple[str, ...] | None = None,
                           accesses: tuple[str, ...] = EDIT_ACCESSES, source: str | None = None,
-                          check: Check | None = None) -> Callable[[R], R]:
-    """Class decorator declaring the runtime class of the kind `spec` names (see the module doc)."""
+                          check: Check | None = None, local_only: str | None = None) -> Callable[[R], R]:
+    """Class decorator declaring the runtime class of the kind `spec` names (see the module doc);
+    `local_only`: why the kind never runs on NDIF (a remote run is refused before any job, saying so)."""
     if not (isinstance(spec, type) and issubclass(spec, KindSpec)):
         raise TypeError(f"register_intervention takes the kind's spec model (a KindSpec subclass); got {spec!r}")
     name = _kind_name(spec)
@@ -144,7 +150,7 @@ def register_intervention(spec: type[KindSpec], *, sites: tuple[str, ...] | None
             raise ValueError(f"intervention kind {name!r} is declared twice: in {previous.module} and "
                              f"{runtime.__module__}")
         _KINDS[name] = InterventionKind(name, spec, runtime, tuple(sites) if sites is not None else None,
-                                        tuple(accesses), source, check, runtime.__module__)
+                                        tuple(accesses), source, check, runtime.__module__, local_only)
         return runtime
 
     return declare

@@ -57,8 +57,9 @@ def refuse_unshippable(plans: list[Any]) -> None:
                 kind = kind_of(item)
                 problem = kind.remote_problem() if kind is not None else None
                 if kind is not None and problem is not None:
-                    raise RemoteSetupError(f"condition {condition.name!r}: intervention kind {kind.name!r} comes from "
-                                           f"plugin module {kind.module!r}: {problem}", hint=hint)
+                    where = "runs locally only" if kind.builtin else f"comes from plugin module {kind.module!r}"
+                    raise RemoteSetupError(f"condition {condition.name!r}: intervention kind {kind.name!r} {where}: "
+                                           f"{problem}", hint=hint)
     for name, module in plugin_site_modules().items():
         problem = ndif_problem(module)
         if problem is not None:

@@ -76,7 +76,8 @@ def load_sae(path: str, device: torch.device, dtype: torch.dtype) -> SAE:
     return _LOADED[key]
 
 
-@register_intervention(SaeSpliceSpec, accesses=("sequence", "branch"), check=_width)
+@register_intervention(SaeSpliceSpec, accesses=("sequence", "branch"), check=_width,
+                       local_only="it loads the SAE with SAELens, which is not on NDIF's import whitelist")
 class SaeSplice(Intervention):
     """Replace the selected rows by the SAE's reconstruction decode(encode(x))."""
 

@@ -376,11 +376,15 @@ class WorkbenchModel:
         self.dtype = pick_dtype(dtype, self.device)
         self.device_map = device_map
         model_class = getattr(transformers, self.arch.model_class)
+        # use_kernels=False: transformers 5.25 kernelizes every model by default where the `kernels`
+        # package is installed (modeling_utils.py `from_pretrained`, `_kernels_enabled`), swapping
+        # layers' forwards for hub kernels: the modules the sites name must run their own code
+        load = dict(dtype=self.dtype, attn_implementation=attn, use_kernels=False)
         if device_map:
-            hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn, device_map=device_map)
+            hf = model_class.from_pretrained(info.path, device_map=device_map, **load)
             self.device = str(hf.get_input_embeddings().weight.device)
         else:
-            hf = model_class.from_pretrained(info.path, dtype=self.dtype, attn_implementation=attn).to(self.device)
+            hf = model_class.from_pretrained(info.path, **load).to(self.device)
         self.hf = hf.eval()
         self.encoder = InputEncoder(info, self.device, self.dtype)
         self.processor, self.tokenizer = self.encoder.processor, self.encoder.tokenizer

@@ -415,9 +415,12 @@ def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
         for j, iv in enumerate(cond.interventions):
             problem = kinds[iv.kind].remote_problem()
             if problem is not None:
+                where = (" runs locally only:" if kinds[iv.kind].builtin
+                         else f" comes from plugin module {kinds[iv.kind].module!r}:")
+                expected = ("a kind that runs on NDIF with backend kind 'remote' (or run locally)" if kinds[iv.kind].builtin
+                            else "a plugin importing only those with backend kind 'remote' (or run locally)")
                 problems.append((("conditions", name, "interventions", j, "kind"),
-                                 f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}: {problem}; "
-                                 "expected a plugin importing only those with backend kind 'remote' (or run locally)"))
+                                 f"kind {iv.kind!r}{where} {problem}; expected {expected}"))
     return problems
 
 
