@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Hashable, Iterator, Sequence
+from typing import Any, Hashable, Iterator, Sequence, overload
 
 import numpy as np
 import xarray as xr
@@ -211,6 +211,16 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
     attrs = {**dict(model_group.attrs), "provenance": json.dumps(root.attrs.get("provenance", []))}
     ds.attrs = {k: v for k, v in attrs.items() if v is not None}
     return ds
+
+
+@overload
+def open_store(path: str | Path, model: str, *, snapshot: str | None = None, index: bool = True) -> xr.Dataset: ...
+@overload
+def open_store(path: str | Path, model: None = None, *, snapshot: str | None = None,
+               index: bool = True) -> xr.DataTree: ...
+@overload
+def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None,
+               index: bool = True) -> xr.DataTree | xr.Dataset: ...
 
 
 def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None,
