@@ -104,7 +104,7 @@ def labels_hash(ds: xr.Dataset, dim: str) -> str:
 def inputs_record(ds: xr.Dataset, variables: tuple[str, ...]) -> dict[str, Any]:
     """What an analysis reads, summarised: labels hashes per dim, shapes, model attrs, provenance."""
     present = [v for v in variables if v in ds.data_vars]
-    dims = sorted({ds[v].dims[0] for v in present})
+    dims = sorted({str(ds[v].dims[0]) for v in present})
     return {
         "variables": {v: {"dims": list(ds[v].dims), "shape": list(ds[v].shape), "dtype": str(ds[v].dtype)}
                       for v in present},
@@ -295,7 +295,7 @@ def cached(name: str, version: int, variables: tuple[str, ...]) -> Callable:
             COMPUTED[name] += 1
             result = fn(*bound.args, **bound.kwargs)
             result.attrs.update({"analysis": name, "params": json.dumps(params, sort_keys=True)})
-            if store is not None:
+            if store is not None and key is not None and meta is not None:  # both set with the store
                 meta["computed"] = time.strftime("%Y-%m-%dT%H:%M:%S")
                 _remember(str(_entry_dir(store, model, name) / key[:24]), key, result.assign_attrs(meta))
                 try:

@@ -201,9 +201,10 @@ def output_metrics(ds: xr.Dataset, reference: str = "baseline", *, per_sample: b
     values.attrs["kl_direction"] = kl_direction(reference)
     if per_sample:
         return values
-    boot = {"n_resamples": n_resamples, "seed": seed}
-    out = xr.Dataset({"kl": summarize(values["kl"], **boot), "rank": summarize(values["rank"], stat="median", **boot),
-                      "agree": summarize(values["agree"], **boot)})
+    def boot(per_sample: xr.DataArray, stat: str = "mean") -> xr.DataArray:
+        return summarize(per_sample, stat=stat, n_resamples=n_resamples, seed=seed)
+
+    out = xr.Dataset({"kl": boot(values["kl"]), "rank": boot(values["rank"], "median"), "agree": boot(values["agree"])})
     out.attrs = {"reference": reference, "kl_direction": kl_direction(reference)}
     return out
 

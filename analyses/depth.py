@@ -29,7 +29,8 @@ import xarray as xr
 
 def token_norms(hidden: xr.DataArray) -> xr.DataArray:
     """‖h‖₂ over `dim`, per (token, layer), float64."""
-    return np.sqrt((hidden.astype("float64") ** 2).sum("dim")).rename("norm")
+    # xarray's ufuncs keep the DataArray type that numpy's stubs lose (np.sqrt -> ndarray)
+    return xr.ufuncs.sqrt((hidden.astype("float64") ** 2).sum("dim")).rename("norm")
 
 
 def mean_norm(hidden: xr.DataArray) -> xr.DataArray:
@@ -46,9 +47,9 @@ def update_ratio(hidden: xr.DataArray) -> xr.DataArray:
     x = hidden.astype("float64")
     before = x.sel(layer=pairs)
     after = x.sel(layer=[l + 1 for l in pairs]).assign_coords(layer=pairs)
-    delta = np.sqrt(((after - before) ** 2).sum("dim"))
+    delta = xr.ufuncs.sqrt(((after - before) ** 2).sum("dim"))
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = delta / np.sqrt((before**2).sum("dim"))
+        ratio = delta / xr.ufuncs.sqrt((before**2).sum("dim"))
     return ratio.rename({"layer": "decoder_layer"}).rename("update_ratio")
 
 

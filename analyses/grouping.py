@@ -32,10 +32,12 @@ def sample_means(ds: xr.Dataset, values: xr.DataArray, text_set: str = "text") -
     (condition, modality, X, sample), X keeping its labels as integers."""
     (dim,) = [d for d in values.dims if d != "token"]
     labels = token_groups(ds, text_set)
-    keep = labels["modality"].isin(MODALITIES).values
+    keep = labels["modality"].isin(MODALITIES).to_numpy()
     frame = pd.DataFrame(np.asarray(values.transpose("token", dim).values)[keep], columns=values[dim].values)
     frame = pd.concat([labels[keep].reset_index(drop=True), frame], axis=1)
     means = frame.groupby(["condition", "modality", "sample"]).mean().stack(future_stack=True)
+    if not isinstance(means, pd.Series):  # one column level stacks to a Series (pandas-stubs: either)
+        raise TypeError(f"expected the stacked means as a Series, got {type(means).__name__}")
     means.index = means.index.set_names(["condition", "modality", "sample", dim])
     out = xr.DataArray.from_series(means).transpose("condition", "modality", dim, "sample")
     return out.assign_coords({dim: out[dim].values.astype(np.int64), "modality": out["modality"].values.astype(str)})

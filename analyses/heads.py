@@ -59,7 +59,7 @@ def attention_sink(ds: xr.Dataset) -> xr.Dataset:
     lazies = []
     for condition in lay.conditions:
         rows = lay.condition_rows[condition]
-        rows = rows[lay.position[rows] == 0]                         # one row per sample
+        rows = rows[lay.token_labels()[0][rows] == 0]                # one row per sample
         for s in range(steps):
             lazies.append(group_sums(lambda c, a: a.astype(np.float64).reshape(len(c), width),
                                      [take_rows(data[:, s], rows)], lay.sample_code[rows], len(lay.samples), width))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
 
 from .figures import DPI, FigureFile
 
@@ -74,6 +75,8 @@ def data_uri(figure: FigureFile) -> str:
 def _markdown(figures: dict[str, FigureFile]) -> MarkdownIt:
     """CommonMark with tables; an image naming a figure file gets that figure inline."""
     md = MarkdownIt("commonmark").enable("table")
+    if not isinstance(md.renderer, RendererHTML):  # the default; its protocol type has no `rules`
+        raise TypeError(f"expected markdown-it's HTML renderer, got {type(md.renderer).__name__}")
     default_image = md.renderer.rules["image"]
 
     def image(renderer, tokens, idx, options, env):   # a render rule (markdown-it-py 4 RendererHTML.image)

@@ -27,7 +27,7 @@ from .streaming import condition_sort_key  # noqa: F401  (re-exported: workbench
 
 def token_norms(ds: xr.Dataset) -> xr.DataArray:
     """‖h‖₂ per (token, layer), computed chunk by chunk (dask) and loaded: D times smaller."""
-    return np.sqrt((ds["hidden"].astype("float64") ** 2).sum("dim")).compute()
+    return xr.ufuncs.sqrt((ds["hidden"].astype("float64") ** 2).sum("dim")).compute()
 
 
 def _frame(norms: xr.DataArray) -> pd.DataFrame:
@@ -42,6 +42,8 @@ def modality_norms(ds: xr.Dataset) -> xr.DataArray:
     per_sample = frame.groupby(["condition", "modality", "sample"]).mean()
     means = per_sample.groupby(level=["condition", "modality"]).mean()
     stacked = means.stack()
+    if not isinstance(stacked, pd.Series):  # one column level stacks to a Series (pandas-stubs: either)
+        raise TypeError(f"expected the stacked means as a Series, got {type(stacked).__name__}")
     stacked.index = stacked.index.set_names(["condition", "modality", "layer"])
     return xr.DataArray.from_series(stacked).rename("norm")
 

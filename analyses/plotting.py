@@ -18,13 +18,15 @@ constrained layout engine. The rules every figure follows:
 from __future__ import annotations
 
 import textwrap
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import xarray as xr
 from matplotlib import colormaps
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.axis import Axis
+from matplotlib.backend_bases import RendererBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import LogNorm, Normalize, to_hex
@@ -63,14 +65,14 @@ def condition_colors(conditions: Sequence[str]) -> dict[str, str]:
 def sweep_colors(values: Sequence[float]) -> tuple[list[str], ScalarMappable]:
     """Ordered colours for the values of a sweep (a log scale where they are positive and span
     more than a factor 10), and the mappable a colour bar reads them from."""
-    values = np.asarray(values, dtype=float)
-    low, high = float(np.min(values)), float(np.max(values))
+    array = np.asarray(values, dtype=float)
+    low, high = float(np.min(array)), float(np.max(array))
     if low > 0 and high / low > 10:
         norm: Normalize = LogNorm(low, high)
     else:
         norm = Normalize(low, high if high > low else low + 1)
     mappable = ScalarMappable(norm=norm, cmap=colormaps[SWEEP_COLORMAP])
-    return [to_hex(mappable.to_rgba(v)) for v in values], mappable
+    return [to_hex((float(r), float(g), float(b), float(a))) for r, g, b, a in mappable.to_rgba(array)], mappable
 
 
 def grid(n_rows: int, n_cols: int, width: float = 4.8, height: float = 3.4,
@@ -129,7 +131,7 @@ def plain_log_ticks(axis: Axis) -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
-def colorbar(fig: Figure, mappable: ScalarMappable, axes: Sequence[Axes], label: str) -> None:
+def colorbar(fig: Figure, mappable: ScalarMappable, axes: Iterable[Axes], label: str) -> None:
     """One colour bar beside `axes`, for the sweep colours of their lines."""
     bar = fig.colorbar(mappable, ax=list(axes), label=label, fraction=0.05, pad=0.02)
     if isinstance(mappable.norm, LogNorm):
@@ -177,7 +179,8 @@ def points(ax: Axes) -> int:
         if line.get_transform() is ax.transData:   # data, not a reference line (axhline, axvline)
             x, y = (np.asarray(v, dtype=float) for v in line.get_data())
             counts.append(int((np.isfinite(x) & np.isfinite(y)).sum()))
-    counts += [int(np.size(im.get_array())) for im in ax.images if isinstance(im, AxesImage)]
+    counts += [int(np.size(cells)) for im in ax.images
+               if isinstance(im, AxesImage) and (cells := im.get_array()) is not None]
     return max(counts)
 
 
@@ -185,7 +188,7 @@ def legend_outside(fig: Figure, title: str | None) -> None:
     """One legend for the figure, below the panels (the titles are above them): every labelled line
     once (a label means the same colour in every panel), in as many columns as the canvas is wide
     enough for. None where no line has a label."""
-    entries: dict[str, object] = {}
+    entries: dict[str, Artist] = {}
     for ax in data_axes(fig):
         handles, labels = ax.get_legend_handles_labels()
         for handle, label in zip(handles, labels):
@@ -200,7 +203,7 @@ def legend_outside(fig: Figure, title: str | None) -> None:
         legend.remove()
 
 
-def _wrap_to(text: Text, width_px: float, renderer: object) -> None:
+def _wrap_to(text: Text, width_px: float, renderer: RendererBase) -> None:
     """Wrap `text` onto more lines until it is no wider than `width_px`."""
     words = " ".join(text.get_text().split("\n"))
     chars = len(words)
@@ -213,8 +216,11 @@ def fit_titles(fig: Figure, title: str) -> Text:
     """The figure's title, and each panel's, wrapped to the width they have: the figure's to the
     canvas, a panel's to its panel. Returns the figure title."""
     suptitle = fig.suptitle(title)
-    fig.canvas.draw()   # the layout and the renderer the extents are measured with
-    renderer = fig.canvas.get_renderer()
+    canvas = fig.canvas
+    if not isinstance(canvas, FigureCanvasAgg):  # every figure here is made by `grid`, on Agg
+        raise TypeError(f"fit_titles measures text on an Agg canvas; got {type(canvas).__name__}")
+    canvas.draw()   # the layout and the renderer the extents are measured with
+    renderer = canvas.get_renderer()
     for ax in data_axes(fig):
         _wrap_to(ax.title, ax.get_window_extent(renderer).width, renderer)
     _wrap_to(suptitle, fig.bbox.width * 0.95, renderer)

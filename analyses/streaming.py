@@ -76,6 +76,12 @@ class Layout:
         return {name: ("condition", np.array([values.get(c, np.nan) for c in conditions], dtype=float))
                 for name, values in self.sweep.items()}
 
+    def token_labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """(position, token_id) of every row: a token dim's (a run dim has neither)."""
+        if self.position is None or self.token_id is None:
+            raise ValueError(f"the {self.dim} dim has no token positions or ids")
+        return self.position, self.token_id
+
 
 def as_str(values) -> np.ndarray:
     """Labels as a fixed-width numpy str array (zarr v3 strings open as numpy StringDType, which
@@ -107,15 +113,15 @@ def _layout(ds: xr.Dataset, dim: str) -> Layout:
         return Layout(dim, [], [], {}, np.zeros(0, int), np.zeros(0, int), None, None, {})
     index_names = list(ds.indexes[dim].names) if dim in ds.indexes else []
     known = {prefix + n for n in TOKEN_LABELS}
-    sweep_names = [n for n in index_names if n not in known]
+    sweep_names = [n for n in index_names if isinstance(n, str) and n not in known]
     condition = as_str(ds[prefix + "condition"].values)
     sample = as_str(ds[prefix + "sample"].values)
     conditions = sorted(set(condition.tolist()), key=condition_sort_key)
     samples = sorted(set(sample.tolist()))
-    sample_code = pd.Index(samples).get_indexer(sample)
+    sample_code = pd.Index(samples).get_indexer(pd.Index(sample))
     if dim == "token":
         # an unknown modality gets -1: `token_rows` leaves such rows out
-        modality_code = pd.Index(list(MODALITIES)).get_indexer(as_str(ds["modality"].values))
+        modality_code = pd.Index(list(MODALITIES)).get_indexer(pd.Index(as_str(ds["modality"].values)))
         position = np.asarray(ds["position"].values).astype(np.int64)
         token_id = np.asarray(ds["token_id"].values).astype(np.int64)
     else:
@@ -165,10 +171,10 @@ def _row_blocks(arrays: list[da.Array]) -> list[da.Array]:
             n -= limit
         if n:
             rows.append(n)
-    rows = tuple(rows) or (0,)
+    row_chunks = tuple(rows) or (0,)
     flat = []
     for a in arrays:
-        a = a.rechunk({0: rows})
+        a = a.rechunk({0: row_chunks})
         flat.append(a.reshape(a.shape[0], -1) if a.ndim != 2 else a)
     return flat
 
@@ -216,8 +222,8 @@ def row_map(fn: Callable[..., np.ndarray], arrays: list, width: int) -> da.Array
 
     def block(*xs: np.ndarray) -> np.ndarray:
         n = xs[0].shape[0]
-        xs = [x.reshape((n,) + shape) for x, shape in zip(xs, shapes)]
-        return np.asarray(fn(*xs), dtype=np.float64).reshape(n, width)
+        shaped = [x.reshape((n,) + shape) for x, shape in zip(xs, shapes)]
+        return np.asarray(fn(*shaped), dtype=np.float64).reshape(n, width)
 
     return da.map_blocks(block, *flat, chunks=(flat[0].chunks[0], (width,)), dtype=np.float64,
                          name=f"row-map-{uuid.uuid4().hex}")
@@ -248,10 +254,11 @@ def pair_rows(lay: Layout, condition: str, reference: str) -> tuple[np.ndarray, 
     if condition not in lay.condition_rows or reference not in lay.condition_rows:
         return np.zeros(0, int), np.zeros(0, int)
     frames = []
+    position, token_id = lay.token_labels()
     for name in (condition, reference):
         rows = lay.condition_rows[name]
         frames.append(pd.DataFrame({
-            "sample": lay.sample_code[rows], "position": lay.position[rows], "token_id": lay.token_id[rows],
+            "sample": lay.sample_code[rows], "position": position[rows], "token_id": token_id[rows],
             "modality": lay.modality_code[rows], "row": rows,
         }))
     cond, ref = frames

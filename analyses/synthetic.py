@@ -114,7 +114,7 @@ class SyntheticModel:
 
 
 # the default models as two checkpoints of one training run (the training-norms analysis)
-SYNTHETIC_TRAINING = {"name": "syn/trained", "stages": [{"stage": "vocab", "start": 0, "end": 50},
+SYNTHETIC_TRAINING: dict[str, Any] = {"name": "syn/trained", "stages": [{"stage": "vocab", "start": 0, "end": 50},
                                                        {"stage": "align", "start": 50, "end": 150}]}
 DEFAULT_MODELS = (
     SyntheticModel("syn/a-small", n_layers=3, dim=16, heads=2, kv=8, vocab=40, ratio=15.0, step=0),
@@ -171,7 +171,7 @@ def _orthogonal_unit(rng: np.random.Generator, base: np.ndarray) -> np.ndarray:
     return _unit(other)
 
 
-def _rotate(rng: np.random.Generator, rows: np.ndarray, cos: np.ndarray) -> np.ndarray:
+def _rotate(rng: np.random.Generator, rows: np.ndarray, cos: np.ndarray | float) -> np.ndarray:
     """Rows turned by angle arccos(cos) (per row or broadcast), norms kept."""
     norms = np.linalg.norm(rows, axis=-1, keepdims=True)
     base = rows / norms
@@ -248,7 +248,7 @@ def write_synthetic_store(
                                or (name == "patch_position" and {"vision", "vision_hidden"} & keep)}
                     if "generated" in keep:
                         tensors.update(_answer_labels(i_sample, condition, m.vocab))
-                    attrs = {"sweep": {"alpha": alpha}} if alpha is not None else {}
+                    attrs: dict[str, Any] = {"sweep": {"alpha": alpha}} if alpha is not None else {}
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
                     written[condition] = tensors
@@ -346,9 +346,9 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     keys, values = base["keys"].copy(), base["values"].copy()
     vision = modality == "vision"
     if alpha is not None and alpha != 1.0:
-        for layer in range(m.n_layers):
-            keys[vision, layer] = _rotate(rng, keys[vision, layer], m.kcos(alpha, layer))
-            values[vision, layer] = _rotate(rng, values[vision, layer], m.vcos(alpha, layer))
+        for li in range(m.n_layers):
+            keys[vision, li] = _rotate(rng, keys[vision, li], m.kcos(alpha, li))
+            values[vision, li] = _rotate(rng, values[vision, li], m.vcos(alpha, li))
     elif condition in ("blank", "hybrid"):
         keys[vision] = _rotate(rng, keys[vision], 0.5)
         values[vision] = _rotate(rng, values[vision], 0.2)
@@ -356,6 +356,8 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
         keys, values = keys[base["modality"] == "text"], values[base["modality"] == "text"]
     attention = base["attention"].copy() if with_image else None
     if alpha == 3.0:
+        if attention is None:
+            raise ValueError("the alpha=3.0 condition moves attention mass onto the image; it needs one")
         # move half of the text mass onto the vision keys, proportionally: the distribution
         # renormalized over vision keys is unchanged, the vision mass is not
         mass_v = attention[vision].sum(0)
@@ -378,6 +380,8 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     elif condition != "baseline" and alpha != 1.0:
         scale = 0.5 if alpha is None else abs(np.log(alpha))
         logits = logits + scale * rng.standard_normal(logits.shape)
+    if attention is None:
+        raise ValueError(f"{condition}: no decode attention (a condition without an image keeps the baseline's)")
     logprobs = _log_softmax(logits)
     layer, decoder_layer = np.arange(m.n_layers + 1), np.arange(m.n_layers)
     return {

@@ -343,7 +343,7 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
     from support.traces import plan_for
     from tqdm import tqdm
 
-    from workbench.backends.local import run_rows
+    from workbench.backends.local import Job, run_rows
     from workbench.data import builtin_samples
     from workbench.executors import LazyInputs, SampleWork
     from workbench.executors.local import LocalExecutor
@@ -364,7 +364,7 @@ def test_samples_of_different_lengths_run_as_one_padded_forward(load_tiny):
     assert shapes == [(4, max(lengths)), (4, 1), (4, 1)]
     assert len(groups) == 1 and [outcome.sample.id for outcome in groups[0]] == [s.id for s, _, _ in samples]
     for sample, inputs, condition, result in groups[0]:
-        alone = run_rows(model, [(inputs, condition)], plan)[0]
+        alone = run_rows(model, [Job(inputs, condition)], plan)[0]
         assert result.tokens["hidden"].shape[0] == inputs["real"].n_tokens  # unpadded
         _results_equal(result, alone, sample.id)
 
@@ -386,18 +386,18 @@ def test_no_real_token_sees_a_pad(load_tiny, name, tmp_path):
     masked there too."""
     from support.traces import plan_for
 
-    from workbench.backends.local import group_rows, run_rows
+    from workbench.backends.local import Job, group_rows, run_rows
     from workbench.data import jsonl_samples
     from workbench.runner import LazyInputs
 
     model = load_tiny(name, attn="sdpa")
     plan = plan_for(model, "  baseline: {}", generate=3, capture=PAD_CAPTURES)
     condition = plan.conditions[0]
-    jobs = [(LazyInputs(model, s), condition) for s in jsonl_samples(padded_data(tmp_path), 4)]
+    jobs = [Job(LazyInputs(model, s), condition) for s in jsonl_samples(padded_data(tmp_path), 4)]
     group = next(g for g in group_rows(jobs, 6, model.arch.per_token_keys)
-                 if len({jobs[i][0][condition.image].n_tokens for i in g}) > 1)
+                 if len({jobs[i].inputs_by_image[condition.image].n_tokens for i in g}) > 1)
     jobs = [jobs[i] for i in group]
-    lengths = [inputs[condition.image].n_tokens for inputs, _ in jobs]
+    lengths = [job.inputs_by_image[condition.image].n_tokens for job in jobs]
     clean = run_rows(model, jobs, plan)
     generator = torch.Generator().manual_seed(0)
 

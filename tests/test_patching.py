@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from workbench.backends.local import group_rows, run_condition, run_rows, want_sources
+from workbench.backends.local import Job, group_rows, run_condition, run_rows, want_sources
 from workbench.plan import compile_plan
 from workbench.runner import LazyInputs
 from workbench.spec import SpecError, parse_spec
@@ -105,13 +105,13 @@ def test_a_batched_scan_reads_its_donor_once_per_sample(load_tiny):
     runs = [c for c in plan.conditions if c.name.startswith("trace[")]
     assert len(runs) == 2 * len(layers) * 4
     inputs = LazyInputs(model, SAMPLE)
-    jobs = [(inputs, c) for c in runs]
+    jobs = [Job(inputs, c) for c in runs]
     traces = []
     memo = want_sources(jobs, {})
     results = {}
     for group in group_rows(jobs, batch, model.arch.per_token_keys):
         out = run_rows(model, [jobs[i] for i in group], plan, on_trace=traces.append, memo=memo)
-        results.update({jobs[i][1].name: r.run["logprobs"][0, 0] for i, r in zip(group, out)})
+        results.update({jobs[i].condition.name: r.run["logprobs"][0, 0] for i, r in zip(group, out)})
     assert len(traces) == math.ceil(len(runs) / batch) + 2
     for name in ("trace[dir=denoising,l=2,pos=vision]", "trace[dir=noising,l=3,pos=last]"):
         np.testing.assert_allclose(results[name], logprobs(model, plan, name, inputs), atol=ATOL, rtol=0)

@@ -41,7 +41,7 @@ def as_spec(spec: SpecLike, *, max_conditions: int | None = None, max_samples: i
     if isinstance(spec, Mapping):
         return spec_from_data(spec, limits=limits)
     if isinstance(spec, (str, os.PathLike)):
-        return load_spec(spec, limits=limits)
+        return load_spec(os.fspath(spec), limits=limits)
     raise BadInputError(f"spec: got {type(spec).__name__}; expected a path to a YAML spec, a dict or a workbench.Spec")
 
 
@@ -71,10 +71,10 @@ def run(
     from .runner import run_spec
 
     loaded = as_spec(spec, max_conditions=max_conditions, max_samples=max_samples)
-    overrides = {"models": models, "data_source": data_source, "limit": limit,
-                 "store_path": None if store_path is None else os.fspath(store_path), "device": device, "dtype": dtype}
-    if any(v is not None for v in overrides.values()):
-        loaded = loaded.with_overrides(**overrides)
+    store_text = None if store_path is None else os.fspath(store_path)
+    if any(v is not None for v in (models, data_source, limit, store_text, device, dtype)):
+        loaded = loaded.with_overrides(models=models, data_source=data_source, limit=limit, store_path=store_text,
+                                       device=device, dtype=dtype)
     if model is not None and model not in loaded.models:
         raise BadInputError(f"model: got {model!r}; expected one of the spec's models: {', '.join(loaded.models)}")
     # The CLI also tunes glibc's allocator for its process (runner.tune_allocator); a notebook's

@@ -21,10 +21,13 @@ Torch-free: the spec, the runner and the analyses all read it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
-TEXT_SETS = ("text", "text+boundary")
-AVERAGE_LAYERS = ("all", "from_1")
+# each choice's values as a type (the spec's fields) and as a tuple (listings, messages)
+TextSet = Literal["text", "text+boundary"]
+AverageLayers = Literal["all", "from_1"]
+TEXT_SETS: tuple[str, ...] = get_args(TextSet)
+AVERAGE_LAYERS: tuple[str, ...] = get_args(AverageLayers)
 RANK_BASES = (0, 1)
 DEFAULTS: dict[str, Any] = {"text_set": "text", "average_layers": "all", "rank_base": 0}
 CHOICES: dict[str, tuple] = {"text_set": TEXT_SETS, "average_layers": AVERAGE_LAYERS, "rank_base": RANK_BASES}

@@ -30,7 +30,8 @@ def to_dataframe(ds: xr.Dataset, variable: str = "hidden") -> pd.DataFrame:
     if data.dims[0] != "token":
         raise ValueError(f"{variable} has dims {data.dims}; expected a per-token variable (first dim 'token')")
     tokens = _labels(flat, "token")
-    norm = np.sqrt((data.astype("float64") ** 2).sum(data.dims[-1])) if data.ndim > 1 else data
+    # xarray's own ufunc: numpy's stubs type np.sqrt of a DataArray as an ndarray
+    norm: xr.DataArray = xr.ufuncs.sqrt((data.astype("float64") ** 2).sum(data.dims[-1:])) if data.ndim > 1 else data
     layer_dim = next((d for d in norm.dims if d != "token"), None)
     if layer_dim is None:
         frame = tokens.assign(norm=np.asarray(norm.values))

@@ -12,7 +12,7 @@ import datetime as _dt
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import zarr
@@ -20,8 +20,9 @@ import zarr
 from .errors import BadInputError
 from .progress import progress_bar
 from .store import (
-    MODEL_IDENTITY, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
+    MODEL_IDENTITY, StoredResult, StoreWriter, Variable, _open_repo, _reading, _root_of, identity_diff, is_store,
 )
+from .store.repository import array_at, dimension_names, group_at, json_dict, json_list, read_all
 from .writer import GATHER_BYTES, captured_bytes
 
 _LOG = logging.getLogger("workbench.merge")
@@ -41,7 +42,8 @@ class _Shard:
         repo = _open_repo(path)
         self.path = path
         self.root = _root_of(repo, repo.readonly_session(branch="main"))
-        self.provenance = list(self.root.attrs.get("provenance", []))
+        self.provenance: list[dict[str, Any]] = [
+            dict(r) for r in json_list(self.root.attrs.get("provenance")) if isinstance(r, Mapping)]
         shards = {tuple(r["shard"]) for r in self.provenance if r.get("shard")}
         if len(shards) != 1 or len(shards) != len({tuple(r.get("shard") or ()) for r in self.provenance}):
             raise MergeError(f"{path} is not the store of one shard (`workbench run SPEC --shard k/N`): "
@@ -68,39 +70,45 @@ def _check_shards(shards: list[_Shard]) -> None:
                                  {k: theirs.attrs.get(k) for k in MODEL_IDENTITY})
             for name, group in model.groups():
                 if name in theirs:
-                    diff += identity_diff(dict(group.attrs).get("identity") or {},
-                                          dict(theirs[name].attrs).get("identity") or {}, f"{name}.")
+                    diff += identity_diff(json_dict(group.attrs.get("identity")),
+                                          json_dict(group_at(theirs, name).attrs.get("identity")), f"{name}.")
             if diff:
                 raise MergeError(f"{first.path} and {other.path} ran {key} differently:\n    " + "\n    ".join(diff))
 
 
-_Row = tuple[str, dict[str, slice], int, str]
+class _Row(NamedTuple):
+    """One sample of a condition in a shard."""
+
+    sample_id: str
+    rows: dict[str, slice]  # its rows per row dim (token, patch)
+    run: int  # its run row
+    input_hash: str
 
 
 def _sample_rows(group: zarr.Group) -> list[_Row]:
     """(sample id, its rows per row dim (token, patch), its run row, input hash) of every sample of
     a condition."""
-    samples = [str(s) for s in group["run_sample"][:]]
-    hashes = [str(h) for h in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
-    counts = {"token": np.asarray(group["run_tokens"][:], dtype=np.int64)}
+    samples = [str(s) for s in read_all(array_at(group, "run_sample"))]
+    hashes = [str(h) for h in read_all(array_at(group, "run_input"))] if "run_input" in group else [""] * len(samples)
+    counts = {"token": np.asarray(read_all(array_at(group, "run_tokens")), dtype=np.int64)}
     if "run_patches" in group:
-        counts["vision_patch"] = np.asarray(group["run_patches"][:], dtype=np.int64)
+        counts["vision_patch"] = np.asarray(read_all(array_at(group, "run_patches")), dtype=np.int64)
     ends = {dim: np.cumsum(c) for dim, c in counts.items()}
-    return [(s, {dim: slice(int(ends[dim][i] - counts[dim][i]), int(ends[dim][i])) for dim in counts}, i, h)
+    return [_Row(s, {dim: slice(int(ends[dim][i] - counts[dim][i]), int(ends[dim][i])) for dim in counts}, i, h)
             for i, (s, h) in enumerate(zip(samples, hashes))]
 
 
 def _variables(group: zarr.Group, rows_of: dict[str, slice], run: int) -> dict[str, Variable]:
     """One sample's stored variables, as the runner handed them to the store."""
     arrays = dict(group.arrays())
-    coords = {name: a for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
+    coords = {name: a for name, a in arrays.items() if dimension_names(a) == (name,)}
     out = {}
     for name, array in arrays.items():
         if name in coords or name in _WRITTEN_BY_STORE:
             continue
-        dims = tuple(array.metadata.dimension_names or ())
+        dims = tuple(str(d) for d in dimension_names(array))
         rows = rows_of.get(dims[0], slice(run, run + 1))
-        out[name] = Variable(dims, array[rows], {d: coords[d][:] for d in dims[1:] if d in coords})
+        out[name] = Variable(dims, np.asarray(array[rows]), {d: read_all(coords[d]) for d in dims[1:] if d in coords})
     return out
 
 
@@ -138,7 +146,7 @@ def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callab
         shards = sorted((_Shard(Path(p)) for p in shard_paths), key=lambda s: s.index)
         _check_shards(shards)
         written = 0
-        pending: list[tuple] = []
+        pending: list[StoredResult] = []
 
         def flush() -> None:
             if pending:
@@ -157,22 +165,23 @@ def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callab
                               enabled=progress) as bar:
                 for key, (conditions, per_shard, order) in orders.items():
                     first = next(s for s in shards if key in s.models())
-                    model_attrs = dict(first.models()[key].attrs)
+                    model_attrs: dict[str, Any] = dict(first.models()[key].attrs)
                     store.ensure_model(model_attrs["model_id"], model_attrs)
                     for sample in order:
                         flush()
                         for condition in conditions:
                             found = [(i, r) for i, rows in enumerate(per_shard[condition]) for r in rows
-                                     if r[0] == sample]
+                                     if r.sample_id == sample]
                             if not found or (key, condition, sample) in done_before:
                                 continue
                             i, (sid, tokens, run, input_hash) = found[0]
-                            group = shards[i].models()[key][condition]
+                            group = group_at(shards[i].models()[key], condition)
                             attrs = {k: v for k, v in group.attrs.items() if k != "condition"}
                             variables = _variables(group, tokens, run)
-                            if sum(captured_bytes(r[3]) for r in pending) + captured_bytes(variables) > GATHER_BYTES:
+                            if sum(captured_bytes(r.variables) for r in pending) + captured_bytes(variables) > GATHER_BYTES:
                                 flush()
-                            pending.append((model_attrs["model_id"], condition, sid, variables, attrs, input_hash))
+                            pending.append(StoredResult(model_attrs["model_id"], condition, sid, variables, attrs,
+                                                        input_hash))
                             written += 1
                         bar.update(1)
             flush()
@@ -184,10 +193,10 @@ def merge_stores(out: str | Path, shard_paths: Sequence[str | Path], log: Callab
 def _model_order(shards: list[_Shard], key: str) -> tuple[list[str], dict[str, list[list[_Row]]], list[str]]:
     """(conditions, each condition's rows per shard, samples in the single run's order) of model `key`."""
     conditions = list(dict.fromkeys(c for s in shards if key in s.models() for c, _ in s.models()[key].groups()))
-    per_shard = {c: [_sample_rows(s.models()[key][c]) if key in s.models() and c in s.models()[key] else []
+    per_shard = {c: [_sample_rows(group_at(s.models()[key], c)) if key in s.models() and c in s.models()[key] else []
                      for s in shards] for c in conditions}
     # the single run's order: per sample (round-robin over shards), per condition
-    order = _round_robin([list(dict.fromkeys(r[0] for c in conditions for r in per_shard[c][i]))
+    order = _round_robin([list(dict.fromkeys(r.sample_id for c in conditions for r in per_shard[c][i]))
                           for i in range(len(shards))])
     return conditions, per_shard, order
 
@@ -195,7 +204,7 @@ def _model_order(shards: list[_Shard], key: str) -> tuple[list[str], dict[str, l
 def _committed(store: StoreWriter) -> set[tuple[str, str, str]]:
     root = store.committed_root()
     return {(key, condition, s) for key, model in root.groups() for condition, group in model.groups()
-            for s in (str(x) for x in group["run_sample"][:])} if "workbench_format" in root.attrs else set()
+            for s in (str(x) for x in read_all(array_at(group, "run_sample")))} if "workbench_format" in root.attrs else set()
 
 
 def _round_robin(lists: list[list[str]]) -> list[str]:

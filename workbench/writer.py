@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 
-from .store import StoreWriter, Variable
+from .store import StoredResult, StoreWriter, Variable
 
 _STOP = object()
 # captures gathered into one commit while the writer keeps up: results wait in memory for their
@@ -52,17 +52,6 @@ BACKLOG_SHARE = 4
 # at a kill is captured again by the rerun
 COMMIT_SHARE = 0.02
 PACE_LIMIT_S = 10.0
-
-
-class StoredResult(NamedTuple):
-    """One run's result as the store takes it (`StoreWriter.write_samples`, in this field order)."""
-
-    model_id: str
-    condition: str
-    sample_id: str
-    variables: dict[str, Variable]
-    condition_attrs: dict[str, Any] | None = None
-    input_hash: str = ""
 
 
 class _Queued(NamedTuple):

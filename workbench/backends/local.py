@@ -74,6 +74,16 @@ def _operations(interventions: tuple, readers: list[Any], logits: bool,
     return sorted(ops, key=lambda op: op[0])
 
 
+class Job(Record):
+    """One run of a forward: a sample's model inputs by image mode, and the condition run on them.
+    A `Record`, not a NamedTuple: a NamedTuple class pickled by value unpickles through
+    `_collections._tuplegetter`, a module outside NDIF's whitelist (`shipping.NDIF_MODULES`)."""
+
+    inputs_by_image: dict[str, ModelInputs]
+    condition: ConditionPlan
+    _fields = ("inputs_by_image", "condition")
+
+
 class Row(Record):
     """One condition's share of a (possibly batched) forward: its inputs, resolved interventions,
     readers, whether it wants the last position's log-probabilities, and its real tokens in this
@@ -284,10 +294,11 @@ def _layer_key(layer: int | None) -> int:
     return -1 if layer is None else layer
 
 
-def want_sources(jobs: list[tuple[dict[str, Any], ConditionPlan]], memo: dict[Any, Any]) -> dict[Any, Any]:
+def want_sources(jobs: Sequence[Job], memo: dict[Any, Any]) -> dict[Any, Any]:
     """Tell `memo` every (sample, source, site) layer the jobs' sources will be read at, so each
     source's forward reads them all at once (a scan's runs patch one layer each)."""
-    for inputs_by_image, condition in jobs:
+    for job in jobs:
+        inputs_by_image, condition = job.inputs_by_image, job.condition
         for item in condition.interventions:
             source = needs_source(item)
             if not source:
@@ -344,7 +355,7 @@ def _edit_kinds(condition: ConditionPlan) -> set[str]:
     return kinds
 
 
-def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token: tuple = PER_TOKEN,
+def group_rows(jobs: Sequence[Job], batch_size: int, per_token: tuple = PER_TOKEN,
                max_padded: int | None = None, pad_requires: tuple = (), deepstack: bool = False,
                packed: bool = False) -> list[list[int]]:
     """(inputs by image, condition) jobs, of one sample or of consecutive samples of one model,
@@ -361,8 +372,9 @@ def group_rows(jobs: list[tuple[Any, ConditionPlan]], batch_size: int, per_token
     the order they were opened, and a job never joins a group opened before one that already
     holds its condition: each condition's samples reach the store in job order."""
     groups: list[dict[str, Any]] = []
-    for i, (inputs_by_image, condition) in enumerate(jobs):
-        inputs = inputs_by_image[condition.image]
+    for i, job in enumerate(jobs):
+        condition = job.condition
+        inputs = job.inputs_by_image[condition.image]
         alone = condition.kv_swap is not None or batch_size <= 1 or (
             packed and any(is_projector_site(item.site) for item in condition.interventions))
         key = None if alone else stack_key(inputs, per_token, pad_requires)
@@ -392,7 +404,7 @@ def batches(inputs_by_image: dict[str, Any], conditions: list[ConditionPlan], ba
     """One sample's `conditions` grouped into forwards of at most `batch_size` rows (`group_rows`):
     its conditions with an image share one token sequence (real and blank alike), so one
     sample's rows are never padded."""
-    groups = group_rows([(inputs_by_image, c) for c in conditions], batch_size, per_token, deepstack=deepstack,
+    groups = group_rows([Job(inputs_by_image, c) for c in conditions], batch_size, per_token, deepstack=deepstack,
                         packed=packed)
     return [[conditions[i] for i in group] for group in groups]
 
@@ -497,10 +509,10 @@ def run_batch(model: ModelLike, inputs_by_image: dict[str, Any], group: list[Con
               on_trace: Any = None) -> list[RunResult]:
     """The conditions of `group` (one sample's, one, or several that `batches` put together) in
     one forward."""
-    return run_rows(model, [(inputs_by_image, c) for c in group], plan, on_trace)
+    return run_rows(model, [Job(inputs_by_image, c) for c in group], plan, on_trace)
 
 
-def run_rows(model: ModelLike, jobs: list[tuple[dict[str, Any], ConditionPlan]], plan: ModelPlan,
+def run_rows(model: ModelLike, jobs: Sequence[Job], plan: ModelPlan,
              on_trace: Any = None, memo: dict[Any, Any] | None = None) -> list[RunResult]:
     """(inputs by image, condition) jobs, of one sample or several (`group_rows` put them
     together), as the rows of one forward, right-padded where their prompts differ in length
@@ -510,14 +522,15 @@ def run_rows(model: ModelLike, jobs: list[tuple[dict[str, Any], ConditionPlan]],
     Inference mode inside, not as a decorator: the function travels to NDIF by its source."""
     with torch.inference_mode():  # the caches edited between traces are inference tensors
         memo = want_sources(jobs, {} if memo is None else memo)
-        if jobs[0][1].kv_swap is not None:
-            return [_run_kv_swap(model, jobs[0][0], jobs[0][1], plan, on_trace, memo)]
+        if jobs[0].condition.kv_swap is not None:
+            return [_run_kv_swap(model, jobs[0].inputs_by_image, jobs[0].condition, plan, on_trace, memo)]
         captures = plan.capture
         readers = captures.readers()
-        lengths = [inputs_by_image[c.image].n_tokens for inputs_by_image, c in jobs]
+        lengths = [job.inputs_by_image[job.condition.image].n_tokens for job in jobs]
         padded = len(set(lengths)) > 1
-        rows = [Row(inputs_by_image[c.image], _resolve(model, inputs_by_image, c, plan, on_trace, memo), readers,
-                    captures.decoding, n if padded else None) for (inputs_by_image, c), n in zip(jobs, lengths)]
+        rows = [Row(job.inputs_by_image[job.condition.image],
+                    _resolve(model, job.inputs_by_image, job.condition, plan, on_trace, memo), readers,
+                    captures.decoding, n if padded else None) for job, n in zip(jobs, lengths)]
         per_token = model.arch.per_token_keys
         encoding = stack_encodings([row.inputs.encoding for row in rows], per_token,
                                    pad_token_id(model) if padded else 0)

@@ -49,16 +49,16 @@ class LocalExecutor:
         """Consecutive samples' runs as forwards of up to `plan.batch_size` rows
         (`backends.local.group_rows`: rows of one sample or of several, padded where their prompts
         differ), each forward's outcomes yielded as one group before the next forward runs."""
-        from ..backends.local import group_rows, pad_requirements, padding_limit, run_rows, want_sources
+        from ..backends.local import Job, group_rows, pad_requirements, padding_limit, run_rows, want_sources
         from ..store import fault_point
 
         jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
-        groups = group_rows([(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
+        groups = group_rows([Job(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
                             model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
                             model.arch.deepstack, model.arch.packed_connector)
         # source values (a patch's donor) read once per sample and kept while its runs last
         # (`backends.local._site_values`); `jobs` holds every sample's inputs, so ids stay unique
-        memo = want_sources([(inputs, condition) for _, inputs, condition in jobs], {})
+        memo = want_sources([Job(inputs, condition) for _, inputs, condition in jobs], {})
         last_group = {id(jobs[i][1]): g for g, group in enumerate(groups) for i in group}
         for g, group in enumerate(groups):
             rows = [jobs[i] for i in group]
@@ -69,7 +69,7 @@ class LocalExecutor:
             # shown at the bar's next update: a forced redraw per forward cost ~20 us (a tiny forward's 0.3 %)
             bar.set_description(f"{plan.info.model_id} | {ids[0] if len(ids) == 1 else f'{len(ids)} samples'} | "
                                 f"{names[0] if len(names) == 1 else f'{len(names)} conditions'}", refresh=False)
-            results = run_rows(model, [(inputs, condition) for _, inputs, condition in rows], plan,
+            results = run_rows(model, [Job(inputs, condition) for _, inputs, condition in rows], plan,
                                on_trace=fault_point, memo=memo)
             yield [Outcome(sample, inputs, condition, result)
                    for (sample, inputs, condition), result in zip(rows, results)]

@@ -20,7 +20,7 @@ from .architectures import tiny_architectures
 if TYPE_CHECKING:
     from .model import ModelInfo
 
-TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures())
+TINY_MODEL_NAMES = tuple(a.tiny for a in tiny_architectures() if a.tiny)
 # the tiny models trained on the built-in task (workbench.models.training), each with checkpoints
 TRAINED_MODEL_NAMES = ("tiny-smolvlm-trained", "tiny-qwen3vl-trained")
 MODEL_EXPECTED = (f"one of {', '.join(TINY_MODEL_NAMES)}, {', '.join(TRAINED_MODEL_NAMES)} (a checkpoint: "

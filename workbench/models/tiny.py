@@ -57,13 +57,13 @@ def _builder(arch) -> Callable[[Path, int], None]:
 
 
 # name -> builder(out_dir, seed), one per family with a tiny model, in registry order
-TINY_MODELS: dict[str, Callable[[Path, int], None]] = {a.tiny: _builder(a) for a in tiny_architectures()}
-_FAMILY = {a.tiny: a.family for a in tiny_architectures()}
+TINY_MODELS: dict[str, Callable[[Path, int], None]] = {a.tiny: _builder(a) for a in tiny_architectures() if a.tiny}
+_FAMILY = {a.tiny: a.family for a in tiny_architectures() if a.tiny}
 
 
 def _default_root() -> Path:
-    base = os.environ.get("WORKBENCH_CACHE")
-    base = Path(base).expanduser() if base else Path.home() / ".cache" / "workbench"
+    cache = os.environ.get("WORKBENCH_CACHE")
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "workbench"
     return base / "models"
 
 

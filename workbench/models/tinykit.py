@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
 
 # Model embedding rows. Tokenizers have 256 byte tokens + < 64 special tokens.
 _VOCAB_SIZE = 320
@@ -76,23 +80,25 @@ def load_tokenizer(model_dir):
     return tokenizer
 
 
-def image_only_class(base):
+def image_only_class(base: type[ProcessorMixin]) -> type[ProcessorMixin]:
     """`base` (a composite processor that insists on a video processor, which needs torchvision)
     with only an image processor and a tokenizer."""
+    from transformers import ProcessorMixin
 
-    class ImageOnly(base):
+    class ImageOnly(ProcessorMixin):  # before `base` in the class made below, so its methods win
         @classmethod
         def get_attributes(cls):
             return ["image_processor", "tokenizer"]
 
         def __init__(self, image_processor, tokenizer, chat_template=None, **kwargs):
             # ProcessorMixin.__init__ zips the positional sub-processors with get_attributes(), so
-            # the trailing video_processor=None is dropped.
+            # the trailing video_processor=None is dropped; super(): `base`'s __init__
             super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
-    ImageOnly.__name__ = ImageOnly.__qualname__ = f"ImageOnly{base.__name__}"
-    ImageOnly.__doc__ = f"{base.__name__} without the video processor (which needs torchvision)."
-    return ImageOnly
+    # made with `type`: a class statement cannot name a base known only at run time to a type checker
+    name = f"ImageOnly{base.__name__}"
+    return type(name, (ImageOnly, base), {
+        "__qualname__": name, "__doc__": f"{base.__name__} without the video processor (which needs torchvision)."})
 
 
 def image_processor_and_template(model_dir, base, image_cls):

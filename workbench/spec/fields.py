@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Callable, Literal, Mapping, NoReturn, Sequence, Union
+from typing import Annotated, Any, Callable, Literal, Mapping, NoReturn, Sequence, Union, get_args
 
 from pydantic import AfterValidator, Field, PlainValidator
 from pydantic_core import PydanticCustomError
@@ -63,17 +63,8 @@ def __getattr__(name: str) -> Any:
         return _DERIVED[name]()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-DATBENCH_CONFIGS = (
-    "chart",
-    "counting",
-    "document",
-    "general",
-    "grounding",
-    "math",
-    "scene",
-    "spatial",
-    "table",
-)
+DatbenchConfig = Literal["chart", "counting", "document", "general", "grounding", "math", "scene", "spatial", "table"]
+DATBENCH_CONFIGS: tuple[str, ...] = get_args(DatbenchConfig)
 DATA_SOURCES = ("builtin", "datbench", "jsonl", "folder")
 POSITION_GROUPS = ("vision", "text", "boundary", "all", "last")
 IMAGE_MODES = ("real", "blank", "none")

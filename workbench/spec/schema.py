@@ -18,11 +18,12 @@ from pydantic import (
     model_validator,
 )
 
-from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS
+from ..definitions import AVERAGE_LAYERS, DEFAULTS, RANK_BASES, TEXT_SETS, AverageLayers, TextSet
 from ..sites import site as site_entry
 from .fields import (
     DATA_SOURCES,
     DATBENCH_CONFIGS,
+    DatbenchConfig,
     IMAGE_MODES,
     ConditionName,
     Layers,
@@ -71,7 +72,7 @@ class DataSpec(_Model):
     source: Annotated[Literal["builtin", "datbench", "jsonl", "folder"], _one_of(DATA_SOURCES)] = "builtin"
     n: PositiveInt = 8  # samples; for datbench, per config
     seed: NonNegativeInt = 0
-    exclude: list[Annotated[Literal[DATBENCH_CONFIGS], _one_of(DATBENCH_CONFIGS)]] = []
+    exclude: list[Annotated[DatbenchConfig, _one_of(DATBENCH_CONFIGS)]] = []
     path: PathString | None = None
     # datbench: "shuffled" (a seeded choice of rows) or "first" (the first n rows, as the study)
     order: Annotated[Literal["shuffled", "first"], _one_of(("shuffled", "first"))] = "shuffled"
@@ -190,8 +191,8 @@ class AnalysisSpec(_Model):
     """Definitions the study leaves open (workbench.definitions): stored with the run, read by
     `workbench analyze`, printed under every table."""
 
-    text_set: Annotated[Literal[TEXT_SETS], _one_of(TEXT_SETS)] = DEFAULTS["text_set"]
-    average_layers: Annotated[Literal[AVERAGE_LAYERS], _one_of(AVERAGE_LAYERS)] = DEFAULTS["average_layers"]
+    text_set: Annotated[TextSet, _one_of(TEXT_SETS)] = DEFAULTS["text_set"]
+    average_layers: Annotated[AverageLayers, _one_of(AVERAGE_LAYERS)] = DEFAULTS["average_layers"]
     rank_base: Annotated[int, PlainValidator(_rank_base)] = DEFAULTS["rank_base"]
 
 
@@ -394,7 +395,8 @@ def _capture_dim_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
     along: dict[str, tuple[int, list[int]]] = {}
     for i, item in enumerate(spec.capture):
         entry = site_entry(item.site) if item.site in capture_sites() else None
-        if entry is None or item.layers == "all" or not any(entry.index in d for d in entry.stores.values()):
+        if (entry is None or entry.index is None or item.layers == "all"
+                or not any(entry.index in d for d in entry.stores.values())):
             continue
         first, layers = along.setdefault(entry.index, (i, list(item.layers)))
         if list(item.layers) != layers:

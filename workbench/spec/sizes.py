@@ -41,8 +41,8 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    conditions: int = Field(DEFAULT_MAX_CONDITIONS, ge=1)
-    samples: int = Field(DEFAULT_MAX_SAMPLES, ge=1)
+    conditions: int = Field(default=DEFAULT_MAX_CONDITIONS, ge=1)
+    samples: int = Field(default=DEFAULT_MAX_SAMPLES, ge=1)
 
 
 LIMIT_OPTIONS = {"conditions": "--max-conditions", "samples": "--max-samples"}
@@ -214,7 +214,7 @@ class _Frame:
 
 
 def _scalar_value(event: yaml.ScalarEvent) -> Any:
-    tag = event.tag if event.tag not in (None, "!") else _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
+    tag = event.tag if event.tag is not None and event.tag != "!" else _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
     try:
         return _SCALARS.construct_object(yaml.ScalarNode(tag, event.value), deep=True)
     except (ValueError, yaml.YAMLError):
@@ -260,7 +260,7 @@ def _declared_from_text(text: str, cap: int) -> tuple[DeclaredSizes, dict[SpecPa
             elif isinstance(event, yaml.AliasEvent):
                 if _is_sweep(path) and event.anchor in anchored:
                     _record_sweep(sizes, path, SweepCount(anchored[event.anchor]))
-            elif path and path[0] in ("data", "limits"):
+            elif isinstance(event, yaml.ScalarEvent) and path and path[0] in ("data", "limits"):
                 _record_scalar(sizes, path, _scalar_value(event), exclude)
             if path is not None and len(path) == 2 and path[0] == "conditions":
                 sizes.conditions.append(str(path[1]))
@@ -268,6 +268,11 @@ def _declared_from_text(text: str, cap: int) -> tuple[DeclaredSizes, dict[SpecPa
         return None
     sizes.exclude = tuple(exclude)
     return sizes, lines
+
+
+def _line(event: yaml.NodeEvent) -> int:
+    """The 1-based line an event starts at (the parser marks every event)."""
+    return event.start_mark.line + 1 if event.start_mark is not None else 0
 
 
 def _node_path(stack: list[_Frame], event: yaml.NodeEvent, lines: dict[SpecPath, int]) -> SpecPath | None:
@@ -286,7 +291,7 @@ def _node_path(stack: list[_Frame], event: yaml.NodeEvent, lines: dict[SpecPath,
         parent.expect_key = False
         parent.key = _scalar_value(event) if isinstance(event, yaml.ScalarEvent) else None
         if parent.key is not None and len(parent.path) < 3:
-            lines.setdefault(parent.path + (parent.key,), event.start_mark.line + 1)
+            lines.setdefault(parent.path + (parent.key,), _line(event))
         return None
     else:
         parent.expect_key = True
@@ -295,7 +300,7 @@ def _node_path(stack: list[_Frame], event: yaml.NodeEvent, lines: dict[SpecPath,
             return None
         path = parent.path + (parent.key,)
     if len(path) <= 3:
-        lines.setdefault(path, event.start_mark.line + 1)
+        lines.setdefault(path, _line(event))
     return path
 
 

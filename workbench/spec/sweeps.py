@@ -67,17 +67,18 @@ def sweep_section(value: Any) -> dict[str, Any]:
                 problems.append(((ZIP,), "'zip' holds variables swept together; expected a mapping such as "
                                  "{zip: {l: [1, 2], p: [vision, text]}}"))
                 continue
-            group = {}
+            zipped: dict[str, list[Any] | None] = {}
             for var, listed in values.items():
                 if _checked(problems, (ZIP, var, "[key]"), _var_name, var) is None:
                     continue
-                group[var] = _values(listed, problems, (ZIP, var))
-            lengths = {var: len(v) for var, v in group.items() if v is not None}
+                zipped[var] = _values(listed, problems, (ZIP, var))
+            lengths = {var: len(v) for var, v in zipped.items() if v is not None}
             if len(set(lengths.values())) > 1:
                 counts = ", ".join(f"'{var}' has {n}" for var, n in lengths.items())
                 problems.append(((ZIP,), f"zipped lists of different lengths ({counts}); expected one length "
                                  "(zip pairs the i-th values of each)"))
-            names = list(group)
+            names = list(zipped)
+            group: dict[str, list[Any] | None] | list[Any] | None = zipped
         else:
             if _checked(problems, (key, "[key]"), _var_name, key) is None:
                 continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from .fields import _SPEC_ERROR, _VAR_EXPECTED, TINY_MODEL_NAMES, known_sites
 from .problems import Problem, SpecPath, _did_you_mean, _got, _quoted
@@ -50,7 +51,7 @@ def nested_problems(exc: ValidationError, model: type[BaseModel]) -> list[tuple[
     return list(dict.fromkeys(problems))
 
 
-def _messages(err: dict, loc: SpecPath, root: type[BaseModel] = Spec) -> list[tuple[SpecPath, str]]:
+def _messages(err: ErrorDetails, loc: SpecPath, root: type[BaseModel] = Spec) -> list[tuple[SpecPath, str]]:
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     if kind == _SPEC_ERROR:
         return list(ctx["problems"])

@@ -74,7 +74,7 @@ from .reading import (
 )
 from .repair import Diagnosis, IntactSnapshot, diagnose, repair_store
 from .repository import BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _open_repo, _root_of, is_store, model_key
-from .staging import MODEL_IDENTITY, ROW_NAMES, StoreIdentityError, identity_diff
+from .staging import MODEL_IDENTITY, ROW_NAMES, StoredResult, StoreIdentityError, identity_diff
 from .verify import Damage, verify_store
 from .writer import COMMIT_TRIES, CREATE_WAIT_S, BranchMovedError, StoreWriter
 
@@ -82,7 +82,7 @@ __all__ = [
     "ANALYSES_GROUP", "ANALYSIS_KIND", "BRANCH", "COMMIT_TRIES", "CREATE_WAIT_S", "MODALITIES", "MODEL_IDENTITY",
     "PATCH_DIM", "PATCH_PREFIX", "ROW_NAMES", "RUN_END", "RUN_PREFIX", "RUN_TAG", "STORE_FORMAT", "BranchMovedError", "Damage",
     "Diagnosis", "IntactSnapshot", "ObjectStore", "StoreBusyError", "StoreError", "StoreIOError",
-    "StoreIdentityError", "StorePathError", "StoreWriter", "Variable", "check_store_path", "diagnose", "fault_point",
+    "StoredResult", "StoreIdentityError", "StorePathError", "StoreWriter", "Variable", "check_store_path", "diagnose", "fault_point",
     "identity_diff", "io_failure", "is_store", "list_models", "location", "lock_path", "model_key", "open_store",
     "repair_store", "store_history", "store_info", "verify_store",
     # private, used by other workbench modules and the tests

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec
 
 from .layout import _CHUNK_BYTES, Variable, _array_layout
 from .staging import _Layout
@@ -38,7 +39,7 @@ def append_block(group: zarr.Group, arrays: dict[str, zarr.Array], rows: dict[st
             if dim not in layout.coords and dim not in arrays:
                 values = np.asarray(values)
                 coord = group.create_array(dim, shape=values.shape, dtype=values.dtype, dimension_names=[dim],
-                                           compressors=[zarr.codecs.Crc32cCodec()])
+                                           compressors=[Crc32cCodec()])
                 coord[:] = values
                 arrays[dim] = coord
     for name, var in rows.items():
@@ -49,11 +50,12 @@ def _append(group: zarr.Group, arrays: dict[str, zarr.Array], name: str, var: Va
             tails: dict[str, np.ndarray]) -> None:
     data = np.asarray(var.data)
     end = offset + data.shape[0]
-    array = arrays.get(name)
-    new = array is None
-    if new:  # made at its final shape: rows before `offset` read as fill values
+    known = arrays.get(name)
+    new = known is None
+    if known is None:  # made at its final shape: rows before `offset` read as fill values
         array = arrays[name] = group.create_array(name, **{**_array_layout(name, var), "shape": (end,) + data.shape[1:]})
     else:
+        array = known
         array.resize((end,) + data.shape[1:])
     data, first = _as_stored(data, array), offset
     chunk = array.chunks[0]
@@ -62,7 +64,7 @@ def _append(group: zarr.Group, arrays: dict[str, zarr.Array], name: str, var: Va
     if kept and not new and start < offset:  # the partial last chunk written whole, from its start
         tail = tails.get(name)
         if tail is None or len(tail) != offset - start:  # not kept: read back once
-            tail = array[start:offset]
+            tail = np.asarray(array[start:offset])
         data, first = np.concatenate([np.asarray(tail, dtype=data.dtype), data]), start
     array[first:end] = data
     boundary = end - end % chunk

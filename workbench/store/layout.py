@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from ..names import GEOMETRY
 
@@ -76,9 +76,9 @@ def _array_layout(name: str, var: Variable) -> dict[str, Any]:
     # Every array is compressed: an edge chunk is stored padded to the full chunk with the fill
     # value (zarr pads it so), and the padding must cost next to nothing on disk. Strings go
     # through zstd (blosc needs a fixed item size)
-    compressors: list[Any] = [zarr.codecs.ZstdCodec(level=1) if dtype is str else
-                              zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")]
-    compressors.append(zarr.codecs.Crc32cCodec())  # every chunk carries its checksum
+    compressors: list[Any] = [ZstdCodec(level=1) if dtype is str else
+                              BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")]
+    compressors.append(Crc32cCodec())  # every chunk carries its checksum
     layout = {"shape": (0,) + data.shape[1:], "chunks": _chunks((0,) + data.shape[1:], itemsize, var.dims[0]),
               "dtype": dtype, "dimension_names": list(var.dims), "compressors": compressors}
     if name == GEOMETRY:  # rows stored before the array (a store written before geometry, resumed) read as none

@@ -111,7 +111,7 @@ class _WriterLock:
     """An exclusive lock on `<real path>.lock`: one writing process per store. POSIX only; the
     import is local so that reading a store works everywhere."""
 
-    def __init__(self, real: Path, shown: Path):
+    def __init__(self, real: Path, shown: Path | ObjectStore):
         import fcntl
 
         self._fcntl = fcntl

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Hashable, Iterator, Sequence, overload
 
 import numpy as np
 import xarray as xr
@@ -17,7 +17,10 @@ from ..names import GEOMETRY, GEOMETRY_LABELS, PATCH_LABELS, RUN_LABELS, RUN_TEX
 from .layout import MODALITIES, PATCH_DIM
 from .objects import ObjectStore, _short, location
 from .readers import announced_reader
-from .repository import BRANCH, STORE_FORMAT, _open_repo, _root_of, is_store, model_key
+from .repository import (
+    BRANCH, STORE_FORMAT, _open_repo, _root_of, array_at, dimension_names, group_at, is_store, json_dict, json_list, model_key,
+    read_all,
+)
 from .staging import ROW_NAMES, _rows_along
 
 
@@ -84,23 +87,23 @@ def _open_condition(store: Any, model: str, condition: str, attrs: dict[str, Any
     sweep = {name: _sweep_label(value) for name, value in (attrs.get("sweep") or {}).items()}
     tokens = ds[[v for v in ds.data_vars if "token" in ds[v].dims]]
     n = tokens.sizes.get("token", 0)
-    tokens = tokens.assign_coords(
-        condition=("token", np.full(n, condition, dtype=object).astype(str)),
+    tokens = tokens.assign_coords({
+        "condition": ("token", np.full(n, condition, dtype=object).astype(str)),
         **{name: ("token", np.full(n, value)) for name, value in sweep.items()},
-    )
+    })
     tokens = tokens.set_coords([v for v in (*TOKEN_LABELS, *GEOMETRY_LABELS, *TEXT_LABELS) if v in tokens.data_vars])
     runs = ds[[v for v in ds.data_vars if "run" in ds[v].dims]]
     m = runs.sizes.get("run", 0)
-    runs = runs.assign_coords(
-        run_condition=("run", np.full(m, condition, dtype=object).astype(str)),
+    runs = runs.assign_coords({
+        "run_condition": ("run", np.full(m, condition, dtype=object).astype(str)),
         **{RUN_PREFIX + name: ("run", np.full(m, value)) for name, value in sweep.items()},
-    ).set_coords([c for c in ("run_sample", "run_input", *TEXT_LABELS) if c in runs.data_vars])
+    }).set_coords([c for c in ("run_sample", "run_input", *TEXT_LABELS) if c in runs.data_vars])
     patches = ds[[v for v in ds.data_vars if PATCH_DIM in ds[v].dims]]
     k = patches.sizes.get(PATCH_DIM, 0)
-    patches = patches.assign_coords(
-        patch_condition=(PATCH_DIM, np.full(k, condition, dtype=object).astype(str)),
+    patches = patches.assign_coords({
+        "patch_condition": (PATCH_DIM, np.full(k, condition, dtype=object).astype(str)),
         **{PATCH_PREFIX + name: (PATCH_DIM, np.full(k, value)) for name, value in sweep.items()},
-    ).set_coords([c for c in PATCH_LABELS if c in patches.data_vars])
+    }).set_coords([c for c in PATCH_LABELS if c in patches.data_vars])
     return tokens, runs, patches
 
 
@@ -147,7 +150,8 @@ def _label_index(ds: xr.Dataset, dim: str, levels: list[str], index: bool = True
     for label in labels:
         ds[label] = ds[label].load()
     levels = [c for c in levels if c in ds.coords]
-    return ds.set_index({dim: levels}) if levels and index else ds
+    indexes: dict[Hashable, Sequence[Hashable]] = {dim: levels}  # mypy takes a bare dict for the Hashable case
+    return ds.set_index(indexes) if levels and index else ds
 
 
 def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
@@ -157,7 +161,7 @@ def _model_groups(root: zarr.Group) -> list[tuple[str, zarr.Group]]:
 def list_models(path: str | Path, snapshot: str | None = None) -> list[str]:
     with _reading(location(path)):
         root = _root_of(*_read_session(location(path), snapshot))
-        return [g.attrs.get("model_id", name) for name, g in _model_groups(root)]
+        return [str(g.attrs.get("model_id", name)) for name, g in _model_groups(root)]
 
 
 def _sweep_label(value: Any) -> float | str:
@@ -177,13 +181,16 @@ def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Datas
 
 
 def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> xr.Dataset:
-    model_group = root[key]
-    token_parts, run_parts, patch_parts, sweep_vars = [], [], [], []
+    model_group = group_at(root, key)
+    token_parts: list[xr.Dataset] = []
+    run_parts: list[xr.Dataset] = []
+    patch_parts: list[xr.Dataset] = []
+    sweep_vars: list[str] = []
     interventions: dict[str, list[str]] = {}   # each condition's interventions, as the run recorded them (repr)
     for condition, group in sorted(model_group.groups()):
-        attrs = dict(group.attrs)
-        interventions[condition] = list(attrs.get("interventions") or [])
-        sweep_vars += [name for name in attrs.get("sweep") or {} if name not in sweep_vars]
+        attrs: dict[str, Any] = dict(group.attrs)
+        interventions[condition] = [str(x) for x in json_list(attrs.get("interventions"))]
+        sweep_vars += [name for name in json_dict(attrs.get("sweep")) if name not in sweep_vars]
         tokens, runs, patches = _open_condition(store, key, condition, attrs)
         token_parts.append(tokens)
         run_parts.append(runs)
@@ -208,6 +215,16 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
              "interventions": json.dumps(interventions)}
     ds.attrs = {k: v for k, v in attrs.items() if v is not None}
     return ds
+
+
+@overload
+def open_store(path: str | Path, model: str, *, snapshot: str | None = None, index: bool = True) -> xr.Dataset: ...
+@overload
+def open_store(path: str | Path, model: None = None, *, snapshot: str | None = None,
+               index: bool = True) -> xr.DataTree: ...
+@overload
+def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None,
+               index: bool = True) -> xr.DataTree | xr.Dataset: ...
 
 
 def open_store(path: str | Path, model: str | None = None, *, snapshot: str | None = None,
@@ -235,7 +252,7 @@ def _open(path: Path | ObjectStore, model: str | None, snapshot: str | None, ind
     if model is not None:
         key = model_key(model)
         if key not in root:
-            held = ", ".join(g.attrs.get("model_id", k) for k, g in _model_groups(root)) or "no model yet"
+            held = ", ".join(str(g.attrs.get("model_id", k)) for k, g in _model_groups(root)) or "no model yet"
             raise StoreError(f"model {model!r} is not in store {path}; it holds: {held}")
         return _open_model(store, root, key, index)
     children = {key: xr.DataTree(_open_model(store, root, key, index)) for key, _ in _model_groups(root)}
@@ -268,28 +285,28 @@ def store_info(path: str | Path, snapshot: str | None = None) -> dict[str, Any]:
 def _info(path: Path | ObjectStore, snapshot: str | None) -> dict[str, Any]:
     repo, session, store = _announced_session(path, snapshot)
     root = _root_of(repo, session, store)
-    info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(root.attrs.get("provenance", [])),
+    info: dict[str, Any] = {"path": str(path), "models": {}, "runs": len(json_list(root.attrs.get("provenance"))),
                             "snapshot": session.snapshot_id, "bytes": _disk_bytes(path)}
     for key, model in _model_groups(root):
         conditions = {}
         for condition, group in sorted(model.groups()):
-            n_runs = group["run_sample"].shape[0] if "run_sample" in group else 0
+            n_runs = array_at(group, "run_sample").shape[0] if "run_sample" in group else 0
             arrays = dict(group.arrays())
             n_tokens = _rows_along(arrays, "token")
             variables = {
-                name: {"dims": list(a.metadata.dimension_names or ()), "shape": list(a.shape)}
+                name: {"dims": list(dimension_names(a)), "shape": list(a.shape)}
                 for name, a in sorted(arrays.items())
                 # labels, per-run records and coordinate arrays (named after their own dim) are not data
-                if name not in (*RUN_LABELS, *TOKEN_LABELS, GEOMETRY, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and list(a.metadata.dimension_names or ()) != [name]
+                if name not in (*RUN_LABELS, *TOKEN_LABELS, GEOMETRY, *PATCH_LABELS, *TEXT_LABELS, RUN_TEXT) and dimension_names(a) != (name,)
             }
             conditions[condition] = {
                 "samples": int(n_runs),
                 "tokens": int(n_tokens),
                 "variables": variables,
-                "layers": [int(x) for x in group["layer"][:]] if "layer" in group else [],
-                "nonfinite_runs": int((np.asarray(group["nonfinite"][:]) > 0).sum()) if "nonfinite" in group else 0,
-                "sweep": dict(group.attrs.get("sweep") or {}),
-                "identity": dict(group.attrs.get("identity") or {}),
+                "layers": [int(x) for x in read_all(array_at(group, "layer"))] if "layer" in group else [],
+                "nonfinite_runs": int((read_all(array_at(group, "nonfinite")) > 0).sum()) if "nonfinite" in group else 0,
+                "sweep": json_dict(group.attrs.get("sweep")),
+                "identity": json_dict(group.attrs.get("identity")),
             }
         info["models"][model.attrs.get("model_id", key)] = {"key": key, "conditions": conditions, **{
             k: v for k, v in model.attrs.items() if k in ("family", "n_layers", "hidden_size", "revision", "dtype", "device")

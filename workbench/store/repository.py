@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
 import zarr
 
 from ..errors import StoreError
@@ -66,7 +67,49 @@ def _repo_config() -> Any:
     return ic.RepositoryConfig(inline_chunk_threshold_bytes=0)
 
 
-def _open_repo(path: Path) -> icechunk.Repository:
+# zarr 3.1.6 types a group's member as `Array | Group` and an array's read as any array-like or
+# scalar (zarr/core/group.py `Group.__getitem__`, zarr/core/array.py `Array.__getitem__`): these
+# say which one the store's layout holds there
+
+
+def group_at(group: zarr.Group, path: str) -> zarr.Group:
+    """The group at `path` under `group` (a StoreError if an array is there)."""
+    node = group[path]
+    if not isinstance(node, zarr.Group):
+        raise StoreError(f"{group.path}/{path} is an array where the store holds a group")
+    return node
+
+
+def array_at(group: zarr.Group, path: str) -> zarr.Array:
+    """The array at `path` under `group` (a StoreError if a group is there)."""
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        raise StoreError(f"{group.path}/{path} is a group where the store holds an array")
+    return node
+
+
+def read_all(array: zarr.Array) -> np.ndarray:
+    """Every value of an array (the store's arrays have at least one dim: zarr reads a numpy array)."""
+    return np.asarray(array[:])
+
+
+def dimension_names(array: zarr.Array) -> tuple[str | None, ...]:
+    """An array's dim names (zarr v3 metadata: the store's format; none for a v2 array)."""
+    metadata = array.metadata
+    return tuple(metadata.dimension_names or ()) if metadata.zarr_format == 3 else ()
+
+
+def json_list(value: object) -> list[Any]:
+    """A JSON attribute that holds a list (e.g. the root's provenance records), or [] if unset."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def json_dict(value: object) -> dict[str, Any]:
+    """A JSON attribute that holds an object (e.g. a condition's sweep values), or {} if unset."""
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _open_repo(path: Path | ObjectStore) -> icechunk.Repository:
     ic = _icechunk()
     try:
         return ic.Repository.open(_storage(path), config=_repo_config())

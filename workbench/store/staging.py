@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import zarr
@@ -13,6 +13,19 @@ import zarr
 from ..errors import StoreError
 from ..names import DERIVED_LABELS, GEOMETRY, GEOMETRY_DIM, GEOMETRY_LABELS, RUN_TEXT, RUN_TEXT_LABELS
 from .layout import MODALITIES, PATCH_DIM, Variable
+from .repository import dimension_names, read_all
+
+
+class StoredResult(NamedTuple):
+    """One result as the store takes it (`StoreWriter.write_samples`): a sample's captures of
+    one (model, condition)."""
+
+    model_id: str
+    condition: str
+    sample_id: str
+    variables: dict[str, Variable]
+    condition_attrs: dict[str, Any] | None = None
+    input_hash: str = ""
 
 
 class StoreIdentityError(StoreError):
@@ -55,9 +68,9 @@ class _ConditionState:
     @classmethod
     def read(cls, group: zarr.Group) -> _ConditionState:
         arrays = dict(group.arrays())
-        coords = {name: a[:] for name, a in arrays.items() if list(a.metadata.dimension_names or ()) == [name]}
+        coords = {name: read_all(a) for name, a in arrays.items() if dimension_names(a) == (name,)}
         shapes = {name: tuple(a.shape[1:]) for name, a in arrays.items() if name not in coords}
-        samples = {str(s) for s in arrays["run_sample"][:]} if "run_sample" in arrays else set()
+        samples = {str(s) for s in read_all(arrays["run_sample"])} if "run_sample" in arrays else set()
         return cls(samples, _rows_along(arrays, "token"), len(samples), shapes, coords, _rows_along(arrays, PATCH_DIM))
 
     def offset(self, dim: str) -> int:
@@ -173,9 +186,9 @@ def _modality_codes(where: str, data: np.ndarray) -> np.ndarray:
     return codes
 
 
-def _rows_along(arrays: dict[str, Any], dim: str) -> int:
+def _rows_along(arrays: dict[str, zarr.Array], dim: str) -> int:
     """Rows stored along a row dim (token, patch), from the arrays' shapes."""
-    return max((a.shape[0] for a in arrays.values() if a.ndim and (a.metadata.dimension_names or (None,))[0] == dim),
+    return max((a.shape[0] for a in arrays.values() if a.ndim and (dimension_names(a) or (None,))[0] == dim),
                default=0)
 
 
@@ -224,15 +237,15 @@ class _Layout:
             self.coords.update({dim: np.asarray(v) for dim, v in var.coords.items() if dim not in self.coords})
 
 
-def _commit_message(results: list[tuple]) -> str:
+def _commit_message(results: Sequence[StoredResult]) -> str:
     """'model | condition[ + condition...] | sample' (`info --history`); a gathered commit names
     its first and last sample and how many it holds."""
     def joined(values: list[str]) -> str:
         return " + ".join(dict.fromkeys(values))
 
-    samples = list(dict.fromkeys(r[2] for r in results))
+    samples = list(dict.fromkeys(r.sample_id for r in results))
     which = samples[0] if len(samples) == 1 else f"{samples[0]} ... {samples[-1]} ({len(samples)} samples)"
-    return f"{joined([r[0] for r in results])} | {joined([r[1] for r in results])} | {which}"
+    return f"{joined([r.model_id for r in results])} | {joined([r.condition for r in results])} | {which}"
 
 
 def _token_count(variables: dict[str, Variable]) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zarr
@@ -16,7 +16,9 @@ from ..errors import StorePathError
 from .objects import ObjectStore, _short, location
 from .readers import announced_reader
 from .repair import diagnose
-from .repository import BRANCH, _condition_groups, _open_repo, _root_of, _snapshot_problem, is_store
+from .repository import (
+    BRANCH, _condition_groups, _open_repo, _root_of, _snapshot_problem, array_at, dimension_names, is_store, read_all,
+)
 
 if TYPE_CHECKING:
     import icechunk
@@ -50,8 +52,8 @@ class Damage:
 def _row_samples(group: zarr.Group) -> tuple[np.ndarray, list[str]]:
     """(cumulative token ends, sample ids) of a condition group, for naming damaged rows."""
     try:
-        samples = [str(s) for s in group["run_sample"][:]]
-        counts = np.asarray(group["run_tokens"][:], dtype=np.int64)
+        samples = [str(s) for s in read_all(array_at(group, "run_sample"))]
+        counts = np.asarray(read_all(array_at(group, "run_tokens")), dtype=np.int64)
     except Exception:  # the run table itself is damaged: rows cannot be named
         return np.zeros(0, dtype=np.int64), []
     return np.cumsum(counts), samples
@@ -128,7 +130,7 @@ def _verify_repo(repo: icechunk.Repository, path: Path | ObjectStore, progress: 
     return damage
 
 
-def _verify_group(key: str, condition: str, group: Any, only: dict[str, set[int]] | None) -> list[Damage]:
+def _verify_group(key: str, condition: str, group: zarr.Group, only: dict[str, set[int]] | None) -> list[Damage]:
     """Every array of one condition's group (`only`: just these row chunks of these arrays)."""
     damage: list[Damage] = []
     ends, samples = _row_samples(group)
@@ -139,11 +141,11 @@ def _verify_group(key: str, condition: str, group: Any, only: dict[str, set[int]
     return damage
 
 
-def _verify_array(key: str, condition: str, name: str, array: Any, ends: np.ndarray, samples: list[str],
+def _verify_array(key: str, condition: str, name: str, array: zarr.Array, ends: np.ndarray, samples: list[str],
                   blocks: set[int] | None = None) -> list[Damage]:
     """Read `array` one row chunk at a time (`blocks`: only these row chunks)."""
     found = []
-    leading = (array.metadata.dimension_names or (None,))[0]
+    leading = (dimension_names(array) or (None,))[0]
     step = max(array.chunks[0] if array.ndim else 1, 1)
     n = array.shape[0] if array.ndim else 1
     starts = range(0, max(n, 1), step) if blocks is None else [b * step for b in sorted(blocks) if b * step < max(n, 1)]

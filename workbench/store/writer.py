@@ -9,10 +9,11 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import zarr
+from zarr.abc.store import Store
 
 from .. import verified
 from ..errors import StoreError, StorePathError
@@ -26,11 +27,12 @@ from .paths import (
 from .readers import compact
 from .repair import repair as _repair_metadata
 from .repository import (
-    BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, is_store, model_key,
+    BRANCH, RUN_END, RUN_TAG, STORE_FORMAT, _icechunk, _open_repo, _repo_config, _root_of, _storage, array_at, group_at,
+    is_store, json_dict, json_list, model_key, read_all,
 )
 from .staging import (
-    MODEL_IDENTITY, StoreIdentityError, _commit_message, _concat_rows, _ConditionState, _jsonable, _Layout,
-    _same_names, _Staged, _staged_rows, identity_diff,
+    MODEL_IDENTITY, StoredResult, StoreIdentityError, _commit_message, _concat_rows, _ConditionState, _jsonable,
+    _Layout, _same_names, _Staged, _staged_rows, identity_diff,
 )
 from .verify import Damage, _array_extents, _blocks_since, _verify_repo
 
@@ -68,14 +70,14 @@ class StoreWriter:
         self._real = real
         # several processes may write one object store at once (shards); a local store has one writer
         self.shared = isinstance(real, ObjectStore)
-        self._lock = _NoLock() if self.shared else _WriterLock(real, self.path)
+        self._lock: _WriterLock | _NoLock = _WriterLock(real, self.path) if isinstance(real, Path) else _NoLock()
         try:
             # damaged metadata (branch pointer, config, the branch's snapshot): back to the newest
             # intact snapshot first, so the run re-captures only what that snapshot lacks
             self.repairs: list[str] = _repair_metadata(real) if is_store(real) else []
             # a new store is created with its first commit: a run that fails before any result
             # leaves nothing behind but the lock file
-            self.repo = self._open_existing(real) if is_store(real) else None
+            self.repo: icechunk.Repository | None = self._open_existing(real) if is_store(real) else None
         except BaseException:
             self._lock.release()
             raise
@@ -94,7 +96,7 @@ class StoreWriter:
         self.checked = ""  # what the last `damage_since_check` read
         self._checked_state: verified.Ledger | None = None
 
-    def _open_existing(self, real: Path) -> Any:
+    def _open_existing(self, real: Path | ObjectStore) -> icechunk.Repository:
         repo = _open_repo(real)
         try:
             root = _root_of(repo, repo.readonly_session(branch=BRANCH))
@@ -157,7 +159,14 @@ class StoreWriter:
             return zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
         return _root_of(self.repo, self.repo.readonly_session(branch=BRANCH))
 
-    def _create_repo(self) -> Any:
+    @property
+    def _local(self) -> Path:
+        """The real path of a local store (what only a local store's writer does reads it)."""
+        if not isinstance(self._real, Path):
+            raise AssertionError(f"{self.path} is an object store, not a local one")
+        return self._real
+
+    def _create_repo(self) -> icechunk.Repository:
         ic = _icechunk()
         if not self.shared:
             return self._create_local_repo()
@@ -186,14 +195,14 @@ class StoreWriter:
                          "or pass another store path") from None
             raise AssertionError("unreachable")  # pragma: no cover
 
-    def _create_local_repo(self) -> Any:
+    def _create_local_repo(self) -> icechunk.Repository:
         """icechunk writes a new repository's first snapshot before its branch: a kill in between
         would leave a directory that is neither empty nor a store, which the rerun must refuse.
         So it is created beside the store and renamed into place (rename is atomic, and replaces
         the empty directory a user may have made). A leftover from a killed creation is this
         writer's own (it holds the lock, whose file made the parent directory) and is removed."""
         ic = _icechunk()
-        real = self._real
+        real = self._local
         creating = real.with_name(real.name + ".creating")
         shutil.rmtree(creating, ignore_errors=True)
         ic.Repository.create(_storage(creating), config=_repo_config())
@@ -214,7 +223,7 @@ class StoreWriter:
             if self._session.snapshot_id != self._tip:
                 self._forget_layout()
                 self._tip = self._session.snapshot_id
-            store = self._session.store
+            store: Store = self._session.store
             if os.environ.get("WORKBENCH_KILL_AT", "").startswith("store.write:"):
                 store = _FaultStore(store)
             self._root = zarr.open_group(store, mode="a", zarr_format=3)
@@ -223,6 +232,8 @@ class StoreWriter:
     def _commit(self, message: str, results: int = 1) -> str:
         """Commit what is staged, holding `results` results of this run (counted in `commits`).
         BranchMovedError if another writer committed since the session began (nothing committed)."""
+        if self._session is None:
+            raise AssertionError("a commit follows `_stage`")
         try:
             with self._io("committing"):
                 snapshot = self._session.commit(message)
@@ -264,10 +275,10 @@ class StoreWriter:
         """Refuse a resume into `condition` if the store holds it with another meaning."""
         root = self.committed_root()
         key = model_key(model_id)
-        if key not in root or condition not in root[key]:
+        if key not in root or condition not in group_at(root, key):
             return
-        stored = dict(root[key][condition].attrs).get("identity")
-        diff = identity_diff(stored or {}, _jsonable(identity))
+        stored = json_dict(group_at(root, f"{key}/{condition}").attrs.get("identity"))
+        diff = identity_diff(stored, _jsonable(identity))
         if diff:
             raise StoreIdentityError(
                 f"condition {condition!r} of {model_id} in {self.path} was stored with another meaning:\n    "
@@ -278,17 +289,17 @@ class StoreWriter:
         """Names of the conditions of `model_id` the committed store holds."""
         root = self.committed_root()
         key = model_key(model_id)
-        return set(root[key].group_keys()) if key in root else set()
+        return set(group_at(root, key).group_keys()) if key in root else set()
 
     def committed_inputs(self, model_id: str, condition: str) -> dict[str, str]:
         """sample id -> input hash of every committed sample of (model, condition), in order."""
         root = self.committed_root()
         key = model_key(model_id)
-        if key not in root or condition not in root[key]:
+        if key not in root or condition not in group_at(root, key):
             return {}
-        group = root[key][condition]
-        samples = [str(s) for s in group["run_sample"][:]] if "run_sample" in group else []
-        hashes = [str(s) for s in group["run_input"][:]] if "run_input" in group else [""] * len(samples)
+        group = group_at(root, f"{key}/{condition}")
+        samples = [str(s) for s in read_all(array_at(group, "run_sample"))] if "run_sample" in group else []
+        hashes = [str(s) for s in read_all(array_at(group, "run_input"))] if "run_input" in group else [""] * len(samples)
         return dict(zip(samples, hashes))
 
     # -- writing ------------------------------------------------------------------------------
@@ -305,15 +316,16 @@ class StoreWriter:
 
         `variables` must include the token labels position/modality/token_id (dims ("token",)).
         Returns the snapshot id."""
-        return self.write_samples([(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
+        return self.write_samples([StoredResult(model_id, condition, sample_id, variables, condition_attrs, input_hash)])
 
-    def write_samples(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]]) -> str:
+    def write_samples(self, results: Sequence[StoredResult]) -> str:
         """`_write_once`, on an object store retried while other writers commit first: each try
         discards its session, starts one on the new branch tip (which rereads the touched
         conditions' layout and the root's provenance list), stages the same results again and
         commits, after a short random wait (at most COMMIT_TRIES tries). Returns the snapshot id."""
+        batch = [StoredResult(*result) for result in results]  # plain tuples in the same field order too
         if not self.shared:
-            return self._write_once(results)
+            return self._write_once(batch)
         import tenacity
 
         def count(state: tenacity.RetryCallState) -> None:
@@ -326,11 +338,10 @@ class StoreWriter:
             with attempt:
                 tries = attempt.retry_state.attempt_number
                 # the commit message says it was retried (`workbench info --history`)
-                snapshot = self._write_once(results, note=f" (try {tries})" if tries > 1 else "")
+                snapshot = self._write_once(batch, note=f" (try {tries})" if tries > 1 else "")
         return snapshot
 
-    def _write_once(self, results: list[tuple[str, str, str, dict[str, Variable], dict[str, Any] | None, str]],
-                    note: str = "") -> str:
+    def _write_once(self, results: list[StoredResult], note: str = "") -> str:
         """Append several results, each (model_id, condition, sample_id, variables,
         condition_attrs, input_hash) as `write_sample` takes them, and commit them together as
         ONE snapshot: stored all or none. A batched forward's results are one commit; the
@@ -349,11 +360,11 @@ class StoreWriter:
         staged: list[tuple[_ConditionState, list[_Staged], dict[str, np.ndarray]]] = []
         with zarr.config.set(_ZARR_WRITE_CONFIG), self._io(f"writing {what}"), self._discard_on_error(set(self._states)):
             root = self._stage()
-            by_condition: dict[tuple[str, str], list[tuple]] = {}
+            by_condition: dict[tuple[str, str], list[StoredResult]] = {}
             for result in results:
-                by_condition.setdefault((result[0], result[1]), []).append(result)
+                by_condition.setdefault((result.model_id, result.condition), []).append(result)
             for (model_id, condition), items in by_condition.items():
-                group = self._condition_group(root, model_id, condition, items[0][4] or {})
+                group = self._condition_group(root, model_id, condition, items[0].condition_attrs or {})
                 state = self._state(model_id, condition, group)
                 # each result is checked against what is committed and the results before it
                 known = _Layout.of(state)
@@ -369,7 +380,7 @@ class StoreWriter:
                     layout.advance(block)
                 staged.append((state, pending, tails))
             if self._pending_provenance is not None:
-                root.attrs["provenance"] = [*root.attrs.get("provenance", []), *self._pending_provenance]
+                root.attrs["provenance"] = [*json_list(root.attrs.get("provenance")), *self._pending_provenance]
             snapshot = self._commit(what + note, len(results))
         if self._pending_provenance is not None:
             self._provenance_written += self._pending_provenance
@@ -395,16 +406,16 @@ class StoreWriter:
     def _condition_group(self, root: zarr.Group, model_id: str, condition: str, attrs: dict[str, Any]) -> zarr.Group:
         key = model_key(model_id)
         if (key, condition) in self._states:  # known to exist: skip the lookups
-            return root[f"{key}/{condition}"]
+            return group_at(root, f"{key}/{condition}")
         # each group's attributes in one metadata write (`attrs.update` rewrites it once per key)
         if "workbench_format" not in root.attrs:
             root.update_attributes({"workbench_format": STORE_FORMAT, "provenance": []})
         if key not in root:
             root.create_group(key, attributes=self._models.get(model_id) or {"model_id": model_id})
-        model = root[key]
+        model = group_at(root, key)
         if condition not in model:
             return model.create_group(condition, attributes=_jsonable({**attrs, "condition": condition}))
-        return model[condition]
+        return group_at(model, condition)
 
     def _state(self, model_id: str, condition: str, group: zarr.Group) -> _ConditionState:
         """What this writer knows of a condition's committed arrays (read once, then kept)."""
@@ -434,7 +445,7 @@ class StoreWriter:
             return None
         if self.shared:
             return self._tag_shared_run()
-        n = len(self.committed_root().attrs.get("provenance", []))
+        n = len(json_list(self.committed_root().attrs.get("provenance")))
         tag = RUN_TAG.format(n)
         with self._io("tagging the run"):
             if tag in self.repo.list_tags():
@@ -445,7 +456,7 @@ class StoreWriter:
             # newest intact one, which compaction no longer leaves anything older than
             self._tip = self.repo.rewrite_manifests(RUN_END.format(tag), branch=BRANCH)
             try:
-                self.compacted = compact(self.repo, self._real)
+                self.compacted = compact(self.repo, self._local)
             except Exception as err:  # an old tag's damaged metadata: compaction waits, the data is fine
                 if io_failure(err):
                     raise
@@ -453,9 +464,9 @@ class StoreWriter:
         return tag
 
     def _tag_shared_run(self) -> str | None:
-        records = list(self.committed_root().attrs.get("provenance", []))
+        records = json_list(self.committed_root().attrs.get("provenance"))
         own = [i for i, r in enumerate(records) if r in self._provenance_written]
-        if not own or self._tip is None:
+        if not own or self._tip is None or self.repo is None:
             return None
         tag = RUN_TAG.format(own[-1] + 1)
         with self._io("tagging the run"):
@@ -481,7 +492,7 @@ class StoreWriter:
         if self.shared or self.repairs:
             self.checked = "every chunk"
             return self.damage()
-        ledger, now = verified.load(self._real), verified.file_stats(self._real)
+        ledger, now = verified.load(self._local), verified.file_stats(self._local)
         tip = self.repo.lookup_branch(BRANCH)
         try:
             extents = _array_extents(self.repo, tip)
@@ -504,7 +515,7 @@ class StoreWriter:
         repairs = self.drop_damaged(self.damage_since_check(), sample_ids)
         if self._checked_state is not None:
             try:
-                verified.save(self._real, self._checked_state)
+                verified.save(self._local, self._checked_state)
             except OSError:  # no record: the next run reads every chunk again
                 pass
         return repairs
@@ -518,7 +529,8 @@ class StoreWriter:
         root = self.committed_root()
         for key, condition in conditions:
             try:
-                stored = {str(s) for s in root[key][condition]["run_sample"][:]} if "run_sample" in root[key][condition] else set()
+                group = group_at(root, f"{key}/{condition}")
+                stored = {str(s) for s in read_all(array_at(group, "run_sample"))} if "run_sample" in group else set()
             except Exception:  # the sample list itself is damaged: its samples are named by the damage, if at all
                 stored = {s for d in damage if (d.model_key, d.condition) == (key, condition) for s in d.samples}
             missing = sorted(stored - sample_ids)

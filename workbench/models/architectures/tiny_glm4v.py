@@ -48,8 +48,11 @@ def build_tiny(out_dir: Path, seed: int) -> None:
         tokenizer, "<|endoftext|>", "<|user|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
         "<|end_of_video|>", "<|image|>", "<|video|>")
     # between 4 and 32 merged tokens per image (real: 112x112 px to 28*28*15000)
-    image_processor = Glm4vImageProcessorPil(patch_size=PATCH, temporal_patch_size=2, merge_size=MERGE,
-                                             size={"shortest_edge": 4 * _FACTOR**2, "longest_edge": 32 * _FACTOR**2})
+    # transformers 5.25 image_processing_pil_glm4v.py: the class takes Glm4vImageProcessorKwargs (its
+    # valid_kwargs) through the base __init__, typed with the base ImagesKwargs
+    image_processor = Glm4vImageProcessorPil(  # type: ignore[call-arg]
+        patch_size=PATCH, temporal_patch_size=2, merge_size=MERGE,
+        size={"shortest_edge": 4 * _FACTOR**2, "longest_edge": 32 * _FACTOR**2})
     config = Glm4vConfig(
         text_config=dict(
             vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

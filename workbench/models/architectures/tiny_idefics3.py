@@ -53,7 +53,9 @@ def build_tiny(out_dir: Path, seed: int) -> None:
     # tiles of TILE px plus the global image; a 96x64 image gives 2 rows x 3 cols (real: 364 px tiles, 4x364 max)
     image_processor = Idefics3ImageProcessorPil(do_image_splitting=True, max_image_size={"longest_edge": TILE},
                                                 size={"longest_edge": 3 * TILE})
-    config = Idefics3Config(
+    # pad_token_id: transformers 5.25 configuration_utils.py wraps every config's init to take extra
+    # kwargs (`__init_subclass__`), which its dataclass_transform does not tell a type checker
+    config = Idefics3Config(  # type: ignore[call-arg]
         text_config=dict(
             model_type="llama", vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, rms_norm_eps=1e-5,

@@ -36,7 +36,9 @@ def build_tiny(out_dir: Path, seed: int) -> None:
                                       extra_special_tokens={"image_token": "<image>"})
     bos, eos, image, pad = _ids(tokenizer, "<s>", "</s>", "<image>", "<pad>")
     image_processor = CLIPImageProcessorPil(size={"shortest_edge": IMAGE}, crop_size={"height": IMAGE, "width": IMAGE})
-    config = LlavaConfig(
+    # pad_token_id: transformers 5.25 configuration_utils.py wraps every config's init to take extra
+    # kwargs (`__init_subclass__`), which its dataclass_transform does not tell a type checker
+    config = LlavaConfig(  # type: ignore[call-arg]
         text_config=dict(
             model_type="llama", vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5,

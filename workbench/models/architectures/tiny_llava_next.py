@@ -41,7 +41,9 @@ def build_tiny(out_dir: Path, seed: int) -> None:
     bos, eos, image, pad = _ids(tokenizer, "<s>", "</s>", "<image>", "<pad>")
     image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": TILE}, crop_size={"height": TILE, "width": TILE},
                                                  image_grid_pinpoints=GRID_PINPOINTS)
-    config = LlavaNextConfig(
+    # pad_token_id: transformers 5.25 configuration_utils.py wraps every config's init to take extra
+    # kwargs (`__init_subclass__`), which its dataclass_transform does not tell a type checker
+    config = LlavaNextConfig(  # type: ignore[call-arg]
         text_config=dict(
             model_type="mistral", vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,

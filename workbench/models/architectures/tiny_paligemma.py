@@ -41,7 +41,8 @@ def build_tiny(out_dir: Path, seed: int) -> None:
                                       extra_special_tokens={"image_token": "<image>"})
     pad, eos, bos, image = _ids(tokenizer, "<pad>", "<eos>", "<bos>", "<image>")
     image_processor = SiglipImageProcessorPil(size={"height": TILE, "width": TILE})
-    image_processor.image_seq_length = IMAGE_SEQ_LENGTH  # saved in preprocessor_config.json, as real ones
+    # saved in preprocessor_config.json, as real ones; not an attribute the class declares
+    setattr(image_processor, "image_seq_length", IMAGE_SEQ_LENGTH)
     config = PaliGemmaConfig(
         text_config=dict(
             model_type="gemma", vocab_size=_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

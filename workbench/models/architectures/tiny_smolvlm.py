@@ -69,7 +69,9 @@ def build_tiny_smolvlm(out_dir: Path, seed: int) -> None:
         # 3 tiles on the long side (the real one: 1536 = 4 x 384). A 96x64 image gives 2 rows x 3 cols.
         size={"longest_edge": 3 * SMOLVLM_TILE},
     )
-    config = SmolVLMConfig(
+    # pad_token_id: transformers 5.25 configuration_utils.py wraps every config's init to take extra
+    # kwargs (`__init_subclass__`), which its dataclass_transform does not tell a type checker
+    config = SmolVLMConfig(  # type: ignore[call-arg]
         text_config=dict(
             model_type="llama",
             vocab_size=_VOCAB_SIZE,
@@ -96,7 +98,8 @@ def build_tiny_smolvlm(out_dir: Path, seed: int) -> None:
         ),
         scale_factor=SMOLVLM_SCALE,
         image_token_id=image,
-        pad_token_id=pad,  # otherwise a default of 128002, outside this vocab
+        # otherwise a default of 128002, outside this vocab
+        pad_token_id=pad,
         tie_word_embeddings=False,  # untied lm_head, like SmolVLM2
     )
     model = _init_model(SmolVLMForConditionalGeneration, config, seed)
@@ -154,10 +157,10 @@ def _processor_class():
                 super().__init__(image_processor, tokenizer, None, image_seq_len=image_seq_len,
                                  chat_template=chat_template, **kwargs)
 
-            def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+            def apply_chat_template(self, conversation, chat_template=None, *args, **kwargs):
                 # SmolVLMProcessor.apply_chat_template reads self.video_processor.num_frames/fps even
                 # for image-only conversations; the generic implementation does not.
-                return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+                return ProcessorMixin.apply_chat_template(self, conversation, chat_template, *args, **kwargs)
 
         _CLASS = ImageOnlySmolVLMProcessor
     return _CLASS
