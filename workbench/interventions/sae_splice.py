@@ -22,6 +22,7 @@ import torch
 from pydantic import model_validator
 
 from ..extend import InterventionSpec, register_intervention
+from ..sae import INSTALL_HINT   # at module level: a function-level relative import cannot travel to NDIF
 from ..spec.fields import _fail
 from .base import Intervention
 
@@ -47,8 +48,6 @@ class SaeSpliceSpec(InterventionSpec):
 
     @model_validator(mode="after")
     def _readable(self) -> "SaeSpliceSpec":
-        from ..sae import INSTALL_HINT
-
         if not (Path(self.sae) / SAE_CONFIG).is_file():
             _fail(f"got {self.sae!r}; expected a directory holding an SAE in SAELens's format ({SAE_CONFIG} "
                   "and sae_weights.safetensors, e.g. from `workbench sae train`)", "sae")
