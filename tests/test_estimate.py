@@ -53,7 +53,8 @@ def test_the_estimate_is_the_stored_bytes_per_condition_and_variable(estimated, 
     out = capsys.readouterr().out
     estimate = estimate_run(workbench.load_spec(spec_path))
     (model,) = estimate.models
-    assert model.not_estimated == {"prefill_vision_mass": "head", "decode_attention": "head"}
+    assert model.not_estimated == {"prefill_vision_mass": "head", "prefill_text_attention": "head",
+                                   "decode_attention": "head"}
     assert main(["run", str(spec_path), "--no-progress", "--no-table"]) == 0
     capsys.readouterr()
     ds = workbench.open_store(store, MODEL)
