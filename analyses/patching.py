@@ -54,6 +54,7 @@ class ScanRun:
     base: str
     donor: str
     site: str
+    head: int | None = None   # the one head patched (a scan over `heads`), None: the site's whole value
 
 
 def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
@@ -62,6 +63,7 @@ def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
         return []
     labels = {name: as_str(ds[name].values) for name in SCAN_COORDS if name != "run_l"}
     layers = np.asarray(ds["run_l"].values, dtype=float)
+    heads = np.asarray(ds["run_h"].values, dtype=float) if "run_h" in ds.coords else np.full(len(layers), np.nan)
     conditions = as_str(ds["run_condition"].values)
     runs: dict[str, ScanRun] = {}
     for i in np.flatnonzero(labels["run_scan_base"] != ""):
@@ -69,8 +71,10 @@ def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
         if name not in runs:
             runs[name] = ScanRun(name, name.partition("[")[0], str(labels["run_dir"][i]), int(layers[i]),
                                  str(labels["run_pos"][i]), str(labels["run_scan_base"][i]),
-                                 str(labels["run_scan_donor"][i]), str(labels["run_scan_site"][i]))
-    return sorted(runs.values(), key=lambda r: (r.scan, r.direction, r.layer, position_key(r.position)))
+                                 str(labels["run_scan_donor"][i]), str(labels["run_scan_site"][i]),
+                                 None if np.isnan(heads[i]) else int(heads[i]))
+    return sorted(runs.values(), key=lambda r: (r.scan, r.direction, r.layer, -1 if r.head is None else r.head,
+                                                position_key(r.position)))
 
 
 def position_key(position: str) -> tuple:
@@ -157,20 +161,24 @@ def _summary(values: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
 
 
 def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int] | None = None,
-                     n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
+                     n_resamples: int = N_RESAMPLES, seed: int = SEED, per_head: bool = False) -> xr.Dataset:
     """Every scan of a model: `effect` (normalized, with its CI) and the raw `metric` (mean over
     samples, CI) per (scan, direction, layer, position), NaN where the grid has no run; the base's
     and the donor's metric per (scan, direction) (`base_metric`, `donor_metric`). Coordinates
     `site` (per scan), `base` and `donor` (per scan and direction), `n_samples` (per cell: the
-    samples holding the run's, the base's and the donor's value)."""
-    runs = scan_runs(ds)
+    samples holding the run's, the base's and the donor's value). per_head: the scans over heads
+    instead (each run one head's patch), with a `head` dim after `layer`."""
+    runs = [r for r in scan_runs(ds) if (r.head is not None) == per_head]
     if not runs:
-        raise MissingInputs("a patching scan's runs (a condition with `scan:`, workbench.spec.scans)")
+        raise MissingInputs("a patching scan's runs over heads (a `scan:` with `heads`, workbench.spec.scans)"
+                            if per_head else "a patching scan's runs (a condition with `scan:`, workbench.spec.scans)")
     scans = sorted({r.scan for r in runs})
     directions = [d for d in DIRECTIONS if any(r.direction == d for r in runs)]
     layers = sorted({r.layer for r in runs})
+    heads = sorted({int(r.head) for r in runs if r.head is not None})
     positions = sorted({r.position for r in runs}, key=position_key)
-    shape = (len(scans), len(directions), len(layers), len(positions), len(STATS))
+    inner = (len(layers), len(heads), len(positions)) if per_head else (len(layers), len(positions))
+    shape = (len(scans), len(directions), *inner, len(STATS))
     effect, raw = np.full(shape, np.nan), np.full(shape, np.nan)
     counts = np.zeros(shape[:-1], dtype=np.int64)
     ends = np.full((2, len(scans), len(directions), len(STATS)), np.nan)
@@ -191,15 +199,17 @@ def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int]
             raise MissingInputs(f"the scan {scan!r}'s base {base!r} and donor {donor!r} runs")
         base_v, donor_v = values.sel(condition=base).values, values.sel(condition=donor).values
         grid = np.stack([values.sel(condition=r.condition).values for r in cells])
-        where = [(layers.index(r.layer), positions.index(r.position)) for r in cells]
+        where = [(layers.index(r.layer), *([heads.index(int(r.head))] if r.head is not None else []),
+                  positions.index(r.position)) for r in cells]
         found = normalized_effect(grid, base_v, donor_v, n_resamples=n_resamples, seed=seed)
         means = _summary(grid, n_resamples, seed)
         held_all = np.isfinite(grid) & np.isfinite(base_v) & np.isfinite(donor_v)
-        for (li, pi), e, m, n in zip(where, found, means, held_all.sum(1)):
-            effect[s, d, li, pi], raw[s, d, li, pi], counts[s, d, li, pi] = e, m, n
+        for cell, e, m, n in zip(where, found, means, held_all.sum(1)):
+            effect[(s, d, *cell)], raw[(s, d, *cell)], counts[(s, d, *cell)] = e, m, n
         ends[:, s, d] = _summary(np.stack([base_v, donor_v]), n_resamples, seed)
-    dims = ("scan", "direction", "layer", "position", "stat")
-    coords = {"scan": scans, "direction": directions, "layer": layers, "position": positions, "stat": list(STATS),
+    dims = ("scan", "direction", "layer", *(("head",) if per_head else ()), "position", "stat")
+    coords = {"scan": scans, "direction": directions, "layer": layers, **({"head": heads} if per_head else {}),
+              "position": positions, "stat": list(STATS),
               "site": ("scan", sites.astype(str)), "base": (("scan", "direction"), roles[0].astype(str)),
               "donor": (("scan", "direction"), roles[1].astype(str)), "n_samples": (dims[:-1], counts)}
     return xr.Dataset({"effect": (dims, effect), "metric": (dims, raw),

@@ -42,7 +42,8 @@ dims and token labels), but every tensor is built from closed-form parameters:
 - with `scan_layers`, a denoising patching scan `trace[l=..,pos=..]` (blank <- baseline): each run
   the blank run with logprobs moved w = `scan_weight(l, pos)` of the way to the baseline's, so
   its normalized effect on a logit difference is exactly w (`scan_runs`); `scan_tokens` adds
-  single token indices to its position groups.
+  single token indices to its position groups, and `scan_heads` a scan `heads` (site
+  attn_heads) whose run at (head h, layer, position) has weight `scan_weight` · `head_share(h)`.
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -221,11 +222,13 @@ def write_synthetic_store(
     geometry: bool = True,
     scan_layers: tuple[int, ...] = (),
     scan_tokens: tuple[int, ...] = (),
+    scan_heads: tuple[int, ...] = (),
 ) -> SyntheticStore:
     """Write (or extend, with `first_sample`) a synthetic store; see the module docstring.
     geometry=False: no patch geometry, as a store written before it was stored.
     scan_layers: also a patching scan `trace` at these layers (`scan_runs`); scan_tokens: the
-    token indices it also patches one at a time."""
+    token indices it also patches one at a time; scan_heads: also a scan `heads` over these heads
+    (site attn_heads)."""
     path = Path(path)
     samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
@@ -256,7 +259,7 @@ def write_synthetic_store(
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
                     written[condition] = tensors
-                for condition, tensors, attrs in scan_runs(m, written, scan_layers, scan_tokens):
+                for condition, tensors, attrs in scan_runs(m, written, scan_layers, scan_tokens, scan_heads):
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
                 written.clear()
     return SyntheticStore(path, tuple(models), samples, tuple(alphas), conditions)
@@ -290,7 +293,8 @@ def scan_weight(layer: int, position: str, n_layers: int) -> float:
 
 
 def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers: tuple[int, ...],
-              tokens: tuple[int, ...] = ()) -> list[tuple[str, dict[str, Variable], dict[str, Any]]]:
+              tokens: tuple[int, ...] = (), heads: tuple[int, ...] = ()
+              ) -> list[tuple[str, dict[str, Variable], dict[str, Any]]]:
     """A denoising scan `trace` (blank <- baseline at `layer`): each run is the blank run with its
     logprobs the log-softmax of (1 - w) ln p_blank + w ln p_baseline, w = `scan_weight`. So the
     logit difference of any two tokens moves from the blank's by exactly w of the way to the
@@ -300,17 +304,24 @@ def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers
     blank = written["blank"]["logprobs"].data.astype(np.float64)
     clean = written["baseline"]["logprobs"].data.astype(np.float64)
     runs = []
-    for layer in layers:
-        for position in (*SCAN_POSITIONS, *map(str, tokens)):
-            w = scan_weight(layer, position, m.n_layers)
-            logprobs = _log_softmax((1 - w) * blank + w * clean)
-            tensors = {**written["blank"], "logprobs": Variable(("run", "step", "vocab"), logprobs.astype(np.float32))}
-            if "generated" in tensors:
-                tensors["generated"] = Variable(("run", "step"), logprobs.argmax(-1).astype(np.int64))
-            sweep = {"l": layer, "pos": position, "dir": "denoising", "scan_base": "blank", "scan_donor": "baseline",
-                     "scan_site": "layer"}
-            runs.append((f"trace[l={layer},pos={position}]", tensors, {"sweep": sweep, "image": "blank"}))
+    cells = [("trace", layer, None, position) for layer in layers for position in (*SCAN_POSITIONS, *map(str, tokens))]
+    cells += [("heads", layer, head, position) for layer in layers for head in heads for position in ("vision", "last")]
+    for scan, layer, head, position in cells:
+        w = scan_weight(layer, position, m.n_layers) * (1 if head is None else head_share(head, m.heads))
+        logprobs = _log_softmax((1 - w) * blank + w * clean)
+        tensors = {**written["blank"], "logprobs": Variable(("run", "step", "vocab"), logprobs.astype(np.float32))}
+        if "generated" in tensors:
+            tensors["generated"] = Variable(("run", "step"), logprobs.argmax(-1).astype(np.int64))
+        sweep = {"l": layer, "pos": position, "dir": "denoising", "scan_base": "blank", "scan_donor": "baseline",
+                 "scan_site": "layer" if head is None else "attn_heads"}
+        name = f"{scan}[l={layer},pos={position}]" if head is None else f"{scan}[l={layer},h={head},pos={position}]"
+        runs.append((name, tensors, {"sweep": sweep if head is None else {"h": head, **sweep}, "image": "blank"}))
     return runs
+
+
+def head_share(head: int, heads: int) -> float:
+    """The share of its (layer, position) cell's weight that patching one head carries."""
+    return (1 + head) / (heads + 1)
 
 
 def _answer_labels(i: int, condition: str, vocab: int) -> dict[str, Variable]:
