@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.std import tqdm
 
 from .checks import nonfinite_report
-from .errors import Interrupted, Terminated
+from .errors import BadInputError, Interrupted, Terminated
 from .executors import Executor, LazyInputs, Outcome, SampleWork, choose_executor
 from .labels import TokenTexts, sample_variables, text_labels
 from .plan import ModelPlan, compile_plan
@@ -31,6 +31,8 @@ from .progress import library_bars_off, progress_bar
 from .provenance import provenance
 from .resume import condition_identity, resume_state
 from .signals import signal_drill, signals_deferred
+from .spec.problems import _dotted
+from .spec.schema import remote_attribution_problems
 from .store import StoreWriter, Variable
 from .writer import ResultSink, StoredResult
 
@@ -131,6 +133,10 @@ def run_spec(
     from .worklist import SampleStream, survey
 
     log = log or _LOG.info
+    # `run --remote` of a spec whose backend is local: refused as validate refuses a remote backend's
+    problems = remote_attribution_problems(spec, remote=remote not in (None, False))
+    if problems:
+        raise BadInputError(f"{_dotted(problems[0][0])}: {problems[0][1]}")
     executor = choose_executor(spec, remote, device, dtype, log)  # where the traces run, for the whole run
     plans = compile_all(spec)
     samples = SampleStream(spec.data, shard)  # read afresh on each pass, never all held (workbench/worklist.py)

@@ -53,6 +53,8 @@ def patching_table(models: dict[str, xr.Dataset], options: Options) -> Table:
         heads = [int(h) for h in data["head"].values] if "head" in data.dims else [None]
         for scan in data.scan.values:
             site = str(data.site.sel(scan=scan).values)
+            if "method" in data.coords and str(data["method"].sel(scan=scan).values) == "attribution":
+                site += ", attribution"
             for direction in data.direction.values:
                 at = {"scan": scan, "direction": direction}
                 if not str(data.base.sel(at).values):
@@ -72,6 +74,12 @@ def patching_table(models: dict[str, xr.Dataset], options: Options) -> Table:
 
     def fill(model: str, ds: xr.Dataset) -> xr.Dataset | None:
         runs = patching.scan_runs(ds)
+        asked = f"{options.metric}:{','.join(str(t) for t in options.tokens or ())}"
+        for estimated in sorted({r.estimated for r in runs if r.method == "attribution"} - {asked}):
+            metric, _, tokens = estimated.partition(":")
+            ask = f"--metric {metric}" + (f" --tokens {tokens}" if tokens else "")
+            b.table.notes.append(f"{model}: the attribution scans estimated {metric} {tokens} at run time: shown "
+                                 f"with {ask}.")
         if any(r.head is not None for r in runs):
             rows(model, _effects(ds, options, per_head=True))
         if all(r.head is not None for r in runs):

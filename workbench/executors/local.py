@@ -49,10 +49,19 @@ class LocalExecutor:
         """Consecutive samples' runs as forwards of up to `plan.batch_size` rows
         (`backends.local.group_rows`: rows of one sample or of several, padded where their prompts
         differ), each forward's outcomes yielded as one group before the next forward runs."""
+        from ..attribution import attribution_results, is_attribution
         from ..backends.local import group_rows, pad_requirements, padding_limit, run_rows, want_sources
         from ..store import fault_point
 
-        jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
+        # an attribution scan's runs: one estimate per sample from a forward and backward of each base
+        # and a forward of each donor (`workbench.attribution`), not a patched forward each
+        for item in work:
+            estimated = [c for c in item.conditions if is_attribution(c)]
+            if estimated:
+                results = attribution_results(model, plan, item.inputs, estimated, item.sample)
+                yield [Outcome(item.sample, item.inputs, c, r) for c, r in zip(estimated, results)]
+        jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions
+                if not is_attribution(condition)]
         groups = group_rows([(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
                             model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
                             model.arch.deepstack, model.arch.packed_connector)

@@ -41,6 +41,16 @@ DEFAULT_POSITIONS = ("vision", "text", "boundary", "last")
 # the variables of a scan's runs (sweep variables: coordinates of the store, words where they are)
 LAYER_VAR, POSITION_VAR, DIRECTION_VAR, HEAD_VAR = "l", "pos", "dir", "h"
 BASE_VAR, DONOR_VAR, SITE_VAR = "scan_base", "scan_donor", "scan_site"
+# an attribution scan's runs also store its method, metric and tokens (`workbench.attribution`)
+METHOD_VAR, METRIC_VAR, TOKENS_VAR = "scan_method", "scan_metric", "scan_tokens"
+METHODS = ("patching", "attribution")
+ATTRIBUTION_METRICS = ("logit_diff", "answer_logprob")
+
+
+def _token_ids(value: Any) -> list[int]:
+    if not isinstance(value, list):
+        _fail(f"{_got(value)}; expected a list of token ids")
+    return _index_list(value, "token id")
 
 
 def _position_group(value: Any) -> str:
@@ -84,11 +94,31 @@ class Scan(SpecModel):
                                                       if isinstance(v, list) else
                                                       _fail(f"{_got(v)}; expected a list of head indices"))] = None
 
+    method: Annotated[Literal["patching", "attribution"], _one_of(METHODS)] = "patching"
+    metric: Annotated[Literal["logit_diff", "answer_logprob"] | None,
+                      PlainValidator(lambda v: None if v is None else _one_of(ATTRIBUTION_METRICS).func(v))] = None
+    tokens: Annotated[list[int] | None, PlainValidator(lambda v: None if v is None else _token_ids(v))] = None
+
     @model_validator(mode="after")
-    def _heads_need_a_head_site(self) -> "Scan":
+    def _fields_agree(self) -> "Scan":
+        problems: list[tuple[SpecPath, str]] = []
         if self.heads is not None and self.site != "attn_heads":
-            _fail(f"a scan over heads patches the heads' outputs; expected site: attn_heads beside 'heads' "
-                  f"(got site: {self.site})", "heads")
+            problems.append((("heads",), "a scan over heads patches the heads' outputs; expected site: attn_heads "
+                             f"beside 'heads' (got site: {self.site})"))
+        if self.method == "patching":
+            problems += [((f,), f"real patching takes its metric at analysis (`workbench analyze STORE patching "
+                          f"--metric ...`); expected '{f}' only with method: attribution")
+                         for f in ("metric", "tokens") if getattr(self, f) is not None]
+        elif self.metric is None:
+            problems.append((("metric",), "attribution patching estimates one metric's gradient at run time; "
+                             f"expected metric: {' or '.join(ATTRIBUTION_METRICS)}"))
+        elif self.metric == "logit_diff" and (self.tokens is None or len(self.tokens) != 2):
+            problems.append((("tokens",), f"{_got(self.tokens)}; expected two token ids [a, b] for the logit "
+                             "difference ln p(a) − ln p(b)"))
+        elif self.metric == "answer_logprob" and self.tokens is not None:
+            problems.append((("tokens",), "answer_logprob reads each sample's answer; expected no 'tokens'"))
+        if problems:
+            _fail_many(problems)
         return self
 
     def axes(self) -> tuple[tuple[tuple[str, ...], tuple[list[Any], ...]], ...]:
@@ -120,7 +150,11 @@ class Scan(SpecModel):
     def stored(self, assignment: Mapping[str, Any]) -> dict[str, Any]:
         """What a run stores beside its sweep values (module doc)."""
         direction, base, donor = self.roles(assignment)
-        return {DIRECTION_VAR: direction, BASE_VAR: base, DONOR_VAR: donor, SITE_VAR: self.site}
+        words = {DIRECTION_VAR: direction, BASE_VAR: base, DONOR_VAR: donor, SITE_VAR: self.site}
+        if self.method == "attribution":
+            words.update({METHOD_VAR: self.method, METRIC_VAR: str(self.metric),
+                          TOKENS_VAR: ",".join(str(t) for t in self.tokens or ())})
+        return words
 
 
 def scan_problems(name: str, scan: Scan, conditions: Mapping[str, Any]) -> list[tuple[SpecPath, str]]:
@@ -139,6 +173,12 @@ def scan_problems(name: str, scan: Scan, conditions: Mapping[str, Any]) -> list[
         elif conditions[target].kv_swap is not None:
             problems.append((path, f"condition '{target}' has a kv_swap (its cache is edited between two traces); "
                              "expected a condition whose prompt forward a patch can edit"))
+    if scan.method == "attribution":  # its hooks reproduce a forward of an image alone (`workbench.attribution`)
+        for field in ("clean", "corrupt"):
+            target = conditions.get(getattr(scan, field))
+            if target is not None and not target.runs_many and target.interventions:
+                problems.append((("conditions", name, "scan", field), f"condition '{getattr(scan, field)}' has "
+                                 "interventions; expected, for method: attribution, a condition of an image only"))
     if scan.clean == scan.corrupt:
         problems.append((("conditions", name, "scan", "corrupt"), f"clean and corrupt are both '{scan.clean}'; "
                          "expected two different conditions"))

@@ -260,7 +260,7 @@ class Spec(_Model):
     def _cross_references(self) -> "Spec":
         problems = _reference_problems(self.conditions) + _sweep_value_problems(self.conditions)
         problems += _site_role_problems(self) + _capture_dim_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
-        problems += _remote_kind_problems(self)
+        problems += _remote_kind_problems(self) + remote_attribution_problems(self)
         if problems:
             _fail_many(problems)
         return self
@@ -419,6 +419,21 @@ def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
                                  f"kind {iv.kind!r} comes from plugin module {kinds[iv.kind].module!r}: {problem}; "
                                  "expected a plugin importing only those with backend kind 'remote' (or run locally)"))
     return problems
+
+
+def remote_attribution_problems(spec: "Spec", remote: bool = False) -> list[tuple[SpecPath, str]]:
+    """Attribution needs gradients, which NDIF does not return (`workbench.attribution`): a scan
+    with method: attribution is refused with a remote backend (here for `validate` and a spec's
+    backend kind; `workbench.runner.run_spec` asks the same with `remote` for `run --remote`)."""
+    if spec.backend.kind != "remote" and not remote:
+        return []
+    return [(("conditions", name, "scan", "method"), ATTRIBUTION_REMOTE) for name, cond in spec.conditions.items()
+            if cond.scan is not None and cond.scan.method == "attribution"]
+
+
+ATTRIBUTION_REMOTE = ("attribution patching needs gradients (a backward pass through the model), which NDIF does not "
+                      "return (its traces run under inference mode and send back saved values only); expected backend "
+                      "kind 'local' for it, or method: patching (real patching) remotely")
 
 
 def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:
