@@ -241,20 +241,24 @@ class _Run:
     def _window_key(self) -> Callable[[PendingRun], tuple[str, int]]:
         """The pending runs that may share forwards: per model, consecutive samples holding up to
         2 x `batch_size` runs where the executor shares windows (a window bounds the inputs held
-        at once and lets `group_rows` pack samples of like shapes), else each sample on its own
-        (remotely: one NDIF job per sample)."""
+        at once and lets `group_rows` pack samples of like shapes), else `samples_per_job`
+        consecutive samples (remotely: one NDIF job, one nnsight session, for them all)."""
         shares = self.context.executor.shares_windows
-        state: dict[str, Any] = {"model": None, "sample": None, "window": 0, "runs": 0}
+        per_job = max(1, self.context.executor.samples_per_job)
+        state: dict[str, Any] = {"model": None, "sample": None, "window": 0, "runs": 0, "samples": 1}
 
         def key(entry: PendingRun) -> tuple[str, int]:
             plan, sample = entry.plan, entry.sample
             room = 2 * max(1, plan.batch_size)
             if plan.info.model_id != state["model"]:
-                state.update(model=plan.info.model_id, sample=sample.id, window=state["window"] + 1, runs=0)
+                state.update(model=plan.info.model_id, sample=sample.id, window=state["window"] + 1, runs=0,
+                             samples=1)
             elif sample.id != state["sample"]:
                 state["sample"] = sample.id
-                if not shares or plan.batch_size <= 1 or state["runs"] >= room:
-                    state.update(window=state["window"] + 1, runs=0)
+                state["samples"] += 1
+                if (not shares and state["samples"] > per_job) or (shares and (plan.batch_size <= 1
+                                                                              or state["runs"] >= room)):
+                    state.update(window=state["window"] + 1, runs=0, samples=1)
             state["runs"] += 1
             return plan.info.model_id, state["window"]
 

@@ -19,6 +19,7 @@ class LocalExecutor:
     up to `backend.batch_size` rows. `models`: already loaded ones, by model id (benchmarks)."""
 
     shares_windows = True
+    samples_per_job = 1  # windows follow the batch size (`shares_windows`)
 
     def __init__(self, device: str = "auto", dtype: str = "auto", device_map: str | None = None,
                  log: Callable[[str], None] = print, models: dict[str, ClientModel] | None = None):

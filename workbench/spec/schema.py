@@ -225,6 +225,9 @@ class BackendSpec(_Model):
     # a model larger than one GPU: spread over every visible device by accelerate (captures are
     # gathered to the host as always)
     device_map: Annotated[Literal["auto", "balanced", "sequential"], _one_of(("auto", "balanced", "sequential"))] | None = None
+    # remote: the consecutive samples one NDIF job runs, in one nnsight session (one queue wait for
+    # all their conditions, a scan's or a sweep's runs included); 1: a job per sample
+    samples_per_job: PositiveInt = 1
 
 
 class Spec(_Model):
