@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from .protocol import Outcome, SampleWork
 
 if TYPE_CHECKING:
     from tqdm.std import tqdm
 
+    from ..models.model import WorkbenchModel
     from ..models.protocol import ClientModel
     from ..plan import ModelPlan
     from ..worklist import SampleStream
@@ -59,7 +60,8 @@ class LocalExecutor:
         for item in work:
             estimated = [c for c in item.conditions if is_attribution(c)]
             if estimated:
-                results = attribution_results(model, plan, item.inputs, estimated, item.sample)
+                # gradients through plain hooks on this machine's transformers model
+                results = attribution_results(cast("WorkbenchModel", model), plan, item.inputs, estimated, item.sample)
                 yield [Outcome(item.sample, item.inputs, c, r) for c, r in zip(estimated, results)]
         jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions
                 if not is_attribution(condition)]

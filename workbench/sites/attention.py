@@ -99,11 +99,8 @@ def text_received(saved: dict[Any, list[torch.Tensor]], layers: tuple[int, ...],
     import torch
     per_layer = []
     for layer in layers:
-        total = None
-        for part in saved[("text_received", layer)]:
-            padded = torch.nn.functional.pad(part, (0, 0, 0, n - part.shape[0]))
-            total = padded if total is None else total + padded
-        per_layer.append(total)
+        parts = [torch.nn.functional.pad(part, (0, 0, 0, n - part.shape[0])) for part in saved[("text_received", layer)]]
+        per_layer.append(torch.stack(parts).sum(0))
     return torch.stack(per_layer, dim=1)
 
 
