@@ -4,12 +4,17 @@ from the run's data source, and the values drawn over it.
 
 Values, each for the vision tokens of one sample (definitions):
 - token norm: ‖h_l(t)‖₂ of `hidden` at layer l, in the reference condition;
+- prefill attention: (1/(L·H)) Σ_l Σ_h Σ_{q ∈ text} a_{l,h}(q, t), the attention vision key t
+  receives from the prompt's text queries, summed over them and averaged over the stored decoder
+  layers and heads (`prefill_text_attention`);
 - decode attention: (1/(L·H)) Σ_l Σ_h a_{s,l,h}(t), the decode query's attention at step s on
-  vision key t, averaged over the stored decoder layers and heads (`decode_attention`). The prefill
-  attention on each patch is not stored (`prefill_vision_mass` keeps each query's total mass on
-  vision keys, not its spread over them), so no prefill map is drawn;
+  vision key t, averaged over the stored decoder layers and heads (`decode_attention`);
 - a condition's effect at layer l: Δnorm(t) = ‖h_c(t)‖ − ‖h_ref(t)‖ and cos(h_c(t), h_ref(t)),
-  token by token (the two conditions' prompts must be the same token sequence).
+  token by token (the two conditions' prompts must be the same token sequence);
+- the patching effect per patch: for a scan whose position groups are token indices (one vision
+  token each, or several patched together), the sample's own normalized effect of the run that
+  patched the group holding t, (m_run − m_base) / (m_donor − m_base) on the chosen metric
+  (`analyses.patching.metric_values`), drawn on every box of the group.
 
 Where tokens of several tiles cover one pixel (crops and a global image or thumbnail), the map
 paints the crops, the finest view; a family of one tile paints that tile.
@@ -18,6 +23,7 @@ paints the crops, the finest view; a family of one tile paints that tile.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -30,6 +36,7 @@ from PIL import Image
 from workbench.names import GEOMETRY_LABELS
 
 from .commands import DEFAULT_OVERLAY_SAMPLES
+from .patching import scan_runs
 from .plotting import colorbar
 from .streaming import as_str
 
@@ -113,6 +120,53 @@ def effect(ds: xr.Dataset, rows: np.ndarray, reference: np.ndarray, layer: int) 
 def decode_attention(ds: xr.Dataset, rows: np.ndarray, step: int) -> np.ndarray:
     a = np.asarray(ds["decode_attention"].isel(token=rows).sel(step=step).values, dtype=np.float64)
     return a.reshape(len(rows), -1).mean(axis=-1)
+
+
+def prefill_attention(ds: xr.Dataset, rows: np.ndarray) -> np.ndarray:
+    a = np.asarray(ds["prefill_text_attention"].isel(token=rows).values, dtype=np.float64)
+    return a.reshape(len(rows), -1).mean(axis=-1)
+
+
+@dataclass(frozen=True)
+class PatchScan:
+    """The runs of one scan, direction and layer that patched groups of token indices: `cells`
+    maps each group (prompt positions) to the run (condition) that patched it."""
+
+    scan: str
+    direction: str
+    layer: int
+    site: str
+    base: str
+    donor: str
+    cells: dict[tuple[int, ...], str]
+
+
+def patch_scans(ds: xr.Dataset) -> list[PatchScan]:
+    """Every (scan, direction, layer) of a model with runs over token indices (`3`, `3+4`)."""
+    found: dict[tuple[str, str, int, str, str, str], dict[tuple[int, ...], str]] = {}
+    for run in scan_runs(ds):
+        if re.fullmatch(r"[0-9]+(\+[0-9]+)*", run.position):
+            key = (run.scan, run.direction, run.layer, run.site, run.base, run.donor)
+            found.setdefault(key, {})[tuple(int(p) for p in run.position.split("+"))] = run.condition
+    return [PatchScan(*key, cells=cells) for key, cells in found.items()]
+
+
+def patch_effect(values: xr.DataArray, scan: PatchScan, sample: str, positions: np.ndarray) -> np.ndarray:
+    """Per painted token (its prompt position in `positions`): the sample's normalized effect of
+    the run that patched the group holding it, NaN where no group of only painted tokens holds it.
+    `values`: the metric per (condition, sample) (`analyses.patching.metric_values`)."""
+    at = values.sel(sample=sample)
+    held = set(as_str(at["condition"].values).tolist())
+    out = np.full(len(positions), np.nan)
+    if scan.base not in held or scan.donor not in held:
+        return out
+    base, donor = float(at.sel(condition=scan.base)), float(at.sel(condition=scan.donor))
+    index = {int(p): i for i, p in enumerate(positions)}
+    for group, run in scan.cells.items():
+        if run in held and all(p in index for p in group):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[[index[p] for p in group]] = (float(at.sel(condition=run)) - base) / np.float64(donor - base)
+    return out
 
 
 def paint(fig: Figure, ax: Axes, image: Image.Image | None, where: Patches, values: np.ndarray, label: str,

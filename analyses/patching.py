@@ -12,6 +12,10 @@ step whose context every run shares), the metric m is one of:
 - `answer_logprob`: ln p(a₀), a₀ the first token of the sample's stored answer (`run_answer_ids`);
 - `kl`: KL(p_base ‖ p_r) in nats (`analyses.compare.output_comparison`): 0 at the base by definition.
 
+A scan with method: attribution stores no forward per run but `attribution`, the estimate of
+m_r − m_base (`workbench.attribution`) on the metric it was run for: its cells read m_base +
+that estimate, and appear only when the analysis asks for that metric and those tokens.
+
 The normalized effect of a cell is a ratio of means over the samples holding all three values,
 (mean_s m_r − mean_s m_base) / (mean_s m_donor − mean_s m_base), ROME's normalization (Meng et al.
 2022, "Locating and Editing Factual Associations in GPT", causal tracing): 0 where the patch does
@@ -54,6 +58,9 @@ class ScanRun:
     base: str
     donor: str
     site: str
+    head: int | None = None   # the one head patched (a scan over `heads`), None: the site's whole value
+    method: str = "patching"  # attribution: the run stores an estimate of m(run) − m(base), not a forward
+    estimated: str = ""       # an attribution run's metric and tokens, `logit_diff:5,17`
 
 
 def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
@@ -62,6 +69,9 @@ def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
         return []
     labels = {name: as_str(ds[name].values) for name in SCAN_COORDS if name != "run_l"}
     layers = np.asarray(ds["run_l"].values, dtype=float)
+    heads = np.asarray(ds["run_h"].values, dtype=float) if "run_h" in ds.coords else np.full(len(layers), np.nan)
+    method = {name: as_str(ds[f"run_scan_{name}"].values) if f"run_scan_{name}" in ds.coords else
+              np.full(len(layers), "") for name in ("method", "metric", "tokens")}
     conditions = as_str(ds["run_condition"].values)
     runs: dict[str, ScanRun] = {}
     for i in np.flatnonzero(labels["run_scan_base"] != ""):
@@ -69,8 +79,11 @@ def scan_runs(ds: xr.Dataset) -> list[ScanRun]:
         if name not in runs:
             runs[name] = ScanRun(name, name.partition("[")[0], str(labels["run_dir"][i]), int(layers[i]),
                                  str(labels["run_pos"][i]), str(labels["run_scan_base"][i]),
-                                 str(labels["run_scan_donor"][i]), str(labels["run_scan_site"][i]))
-    return sorted(runs.values(), key=lambda r: (r.scan, r.direction, r.layer, position_key(r.position)))
+                                 str(labels["run_scan_donor"][i]), str(labels["run_scan_site"][i]),
+                                 None if np.isnan(heads[i]) else int(heads[i]), str(method["method"][i]) or "patching",
+                                 f"{method['metric'][i]}:{method['tokens'][i]}" if method["method"][i] else "")
+    return sorted(runs.values(), key=lambda r: (r.scan, r.direction, r.layer, -1 if r.head is None else r.head,
+                                                position_key(r.position)))
 
 
 def position_key(position: str) -> tuple:
@@ -118,6 +131,20 @@ def metric_values(ds: xr.Dataset, metric: str, base: str, tokens: tuple[int, int
                         coords={"condition": np.array(lay.conditions, dtype=str), "sample": np.array(lay.samples, dtype=str)})
 
 
+def estimates(ds: xr.Dataset) -> xr.DataArray:
+    """Per (condition, sample): an attribution run's stored estimate of m(run) − m(base)."""
+    if "attribution" not in ds.data_vars:
+        raise MissingInputs("attribution (the estimates of a scan with method: attribution)")
+    lay = layout(ds, "run")
+    per_run = np.asarray(ds["attribution"].values, dtype=np.float64)
+    out = np.full((len(lay.conditions), len(lay.samples)), np.nan)
+    for c, condition in enumerate(lay.conditions):
+        rows = lay.condition_rows[condition]
+        out[c, lay.sample_code[rows]] = per_run[rows]
+    return xr.DataArray(out, dims=("condition", "sample"), coords={
+        "condition": np.array(lay.conditions, dtype=str), "sample": np.array(lay.samples, dtype=str)})
+
+
 def normalized_effect(run: np.ndarray, base: np.ndarray, donor: np.ndarray, n_resamples: int = N_RESAMPLES,
                       seed: int = SEED, level: float = LEVEL) -> np.ndarray:
     """(cells, samples) metric of the patched runs, (samples,) of the base and the donor ->
@@ -157,26 +184,39 @@ def _summary(values: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
 
 
 def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int] | None = None,
-                     n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.Dataset:
+                     n_resamples: int = N_RESAMPLES, seed: int = SEED, per_head: bool = False) -> xr.Dataset:
     """Every scan of a model: `effect` (normalized, with its CI) and the raw `metric` (mean over
     samples, CI) per (scan, direction, layer, position), NaN where the grid has no run; the base's
     and the donor's metric per (scan, direction) (`base_metric`, `donor_metric`). Coordinates
-    `site` (per scan), `base` and `donor` (per scan and direction), `n_samples` (per cell: the
-    samples holding the run's, the base's and the donor's value)."""
-    runs = scan_runs(ds)
+    `site` and `method` (per scan: patching, or attribution's estimates), `base` and `donor` (per
+    scan and direction), `n_samples` (per cell: the samples holding the run's, the base's and the
+    donor's value). Attribution scans of another metric or tokens are left out. per_head: the scans over heads
+    instead (each run one head's patch), with a `head` dim after `layer`."""
+    runs = [r for r in scan_runs(ds) if (r.head is not None) == per_head]
+    asked = f"{metric}:{','.join(str(t) for t in tokens or ())}" if metric != "answer_logprob" else f"{metric}:"
+    other = sorted({r.estimated for r in runs if r.method == "attribution" and r.estimated != asked})
+    runs = [r for r in runs if r.method != "attribution" or r.estimated == asked]
+    if not runs and other:
+        raise MissingInputs(f"scans of real patching; the attribution scans estimated "
+                            f"{', '.join(o.replace(':', ' ').strip() for o in other)} (--metric, --tokens)")
     if not runs:
-        raise MissingInputs("a patching scan's runs (a condition with `scan:`, workbench.spec.scans)")
+        raise MissingInputs("a patching scan's runs over heads (a `scan:` with `heads`, workbench.spec.scans)"
+                            if per_head else "a patching scan's runs (a condition with `scan:`, workbench.spec.scans)")
     scans = sorted({r.scan for r in runs})
     directions = [d for d in DIRECTIONS if any(r.direction == d for r in runs)]
     layers = sorted({r.layer for r in runs})
+    heads = sorted({int(r.head) for r in runs if r.head is not None})
     positions = sorted({r.position for r in runs}, key=position_key)
-    shape = (len(scans), len(directions), len(layers), len(positions), len(STATS))
+    inner = (len(layers), len(heads), len(positions)) if per_head else (len(layers), len(positions))
+    shape = (len(scans), len(directions), *inner, len(STATS))
     effect, raw = np.full(shape, np.nan), np.full(shape, np.nan)
     counts = np.zeros(shape[:-1], dtype=np.int64)
     ends = np.full((2, len(scans), len(directions), len(STATS)), np.nan)
     roles = np.full((2, len(scans), len(directions)), "", dtype=object)
     sites = np.full(len(scans), "", dtype=object)
+    methods = np.array([next(r.method for r in runs if r.scan == s) for s in scans], dtype=object)
     values_by_base: dict[str, xr.DataArray] = {}
+    estimated: xr.DataArray | None = None
     for (s, scan), (d, direction) in ((a, b) for a in enumerate(scans) for b in enumerate(directions)):
         cells = [r for r in runs if r.scan == scan and r.direction == direction]
         if not cells:
@@ -190,17 +230,22 @@ def patching_effects(ds: xr.Dataset, metric: str = "kl", tokens: tuple[int, int]
         if base not in held or donor not in held:
             raise MissingInputs(f"the scan {scan!r}'s base {base!r} and donor {donor!r} runs")
         base_v, donor_v = values.sel(condition=base).values, values.sel(condition=donor).values
-        grid = np.stack([values.sel(condition=r.condition).values for r in cells])
-        where = [(layers.index(r.layer), positions.index(r.position)) for r in cells]
+        if estimated is None and any(r.method == "attribution" for r in cells):
+            estimated = estimates(ds)
+        grid = np.stack([values.sel(condition=r.condition).values if estimated is None or r.method != "attribution"
+                         else base_v + estimated.sel(condition=r.condition).values for r in cells])
+        where = [(layers.index(r.layer), *([heads.index(int(r.head))] if r.head is not None else []),
+                  positions.index(r.position)) for r in cells]
         found = normalized_effect(grid, base_v, donor_v, n_resamples=n_resamples, seed=seed)
         means = _summary(grid, n_resamples, seed)
         held_all = np.isfinite(grid) & np.isfinite(base_v) & np.isfinite(donor_v)
-        for (li, pi), e, m, n in zip(where, found, means, held_all.sum(1)):
-            effect[s, d, li, pi], raw[s, d, li, pi], counts[s, d, li, pi] = e, m, n
+        for cell, e, m, n in zip(where, found, means, held_all.sum(1)):
+            effect[(s, d, *cell)], raw[(s, d, *cell)], counts[(s, d, *cell)] = e, m, n
         ends[:, s, d] = _summary(np.stack([base_v, donor_v]), n_resamples, seed)
-    dims = ("scan", "direction", "layer", "position", "stat")
-    coords = {"scan": scans, "direction": directions, "layer": layers, "position": positions, "stat": list(STATS),
-              "site": ("scan", sites.astype(str)), "base": (("scan", "direction"), roles[0].astype(str)),
+    dims = ("scan", "direction", "layer", *(("head",) if per_head else ()), "position", "stat")
+    coords = {"scan": scans, "direction": directions, "layer": layers, **({"head": heads} if per_head else {}),
+              "position": positions, "stat": list(STATS),
+              "site": ("scan", sites.astype(str)), "method": ("scan", methods.astype(str)), "base": (("scan", "direction"), roles[0].astype(str)),
               "donor": (("scan", "direction"), roles[1].astype(str)), "n_samples": (dims[:-1], counts)}
     return xr.Dataset({"effect": (dims, effect), "metric": (dims, raw),
                        "base_metric": (("scan", "direction", "stat"), ends[0]),

@@ -16,7 +16,7 @@ dims and token labels), but every tensor is built from closed-form parameters:
 - `keys`/`values`: random at baseline; under α, every vision row is rotated away from the
   baseline row by the angle arccos(KCOS(α, l)) (keys) and arccos(VCOS(α, l)) (values), norms
   kept; text rows unchanged; `blank`/`hybrid` vision rows rotated by fixed angles;
-- `prefill_vision_mass`: uniform random;
+- `prefill_vision_mass`, `prefill_text_attention`: uniform random;
 - `decode_attention`: a random distribution over prompt keys per (step, layer, head); under
   α = 3 vision rows are multiplied by 2 and text rows rescaled to keep the sum 1 (renormalized
   over vision keys the distribution is unchanged: attention KL exactly 0, vision mass changed);
@@ -41,7 +41,9 @@ dims and token labels), but every tensor is built from closed-form parameters:
   answer's tokens (`run_answer_ids`) are the one token `answer_token(i, vocab)`;
 - with `scan_layers`, a denoising patching scan `trace[l=..,pos=..]` (blank <- baseline): each run
   the blank run with logprobs moved w = `scan_weight(l, pos)` of the way to the baseline's, so
-  its normalized effect on a logit difference is exactly w (`scan_runs`).
+  its normalized effect on a logit difference is exactly w (`scan_runs`); `scan_tokens` adds
+  single token indices to its position groups, and `scan_heads` a scan `heads` (site
+  attn_heads) whose run at (head h, layer, position) has weight `scan_weight` · `head_share(h)`.
 
 Pass `jitter > 0` to give each token its own norm (the closed forms above then hold only
 approximately; independent computations in the tests still apply).
@@ -209,7 +211,8 @@ def write_synthetic_store(
     n_samples: int = 4,
     alphas: tuple[float, ...] = (0.1, 1.0, 3.0),
     extra_conditions: tuple[str, ...] = ("blank", "none", "hybrid"),
-    variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "decode_attention",
+    variables: tuple[str, ...] = ("hidden", "keys", "values", "prefill_vision_mass", "prefill_text_attention",
+                                  "decode_attention",
                                   "logprobs", "generated", "vision", "vision_hidden", "embed_table_norms",
                                   "attn_out", "mlp_out", "lens_ids", "lens_logprobs", "router_logits",
                                   "router_experts"),
@@ -218,10 +221,14 @@ def write_synthetic_store(
     first_sample: int = 0,
     geometry: bool = True,
     scan_layers: tuple[int, ...] = (),
+    scan_tokens: tuple[int, ...] = (),
+    scan_heads: tuple[int, ...] = (),
 ) -> SyntheticStore:
     """Write (or extend, with `first_sample`) a synthetic store; see the module docstring.
     geometry=False: no patch geometry, as a store written before it was stored.
-    scan_layers: also a patching scan `trace` at these layers (`scan_runs`)."""
+    scan_layers: also a patching scan `trace` at these layers (`scan_runs`); scan_tokens: the
+    token indices it also patches one at a time; scan_heads: also a scan `heads` over these heads
+    (site attn_heads)."""
     path = Path(path)
     samples = [f"synthetic/{i:03d}" for i in range(first_sample, first_sample + n_samples)]
     conditions = ["baseline", *[f"alpha={a}" for a in alphas], *extra_conditions]
@@ -252,7 +259,7 @@ def write_synthetic_store(
                     attrs["image"] = {"blank": "blank", "none": "none"}.get(condition, "real")
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
                     written[condition] = tensors
-                for condition, tensors, attrs in scan_runs(m, written, scan_layers):
+                for condition, tensors, attrs in scan_runs(m, written, scan_layers, scan_tokens, scan_heads):
                     writer.write_sample(m.model_id, condition, sample, tensors, condition_attrs=attrs)
                 written.clear()
     return SyntheticStore(path, tuple(models), samples, tuple(alphas), conditions)
@@ -277,12 +284,16 @@ SCAN_POSITIONS = ("vision", "text", "last")
 
 def scan_weight(layer: int, position: str, n_layers: int) -> float:
     """How far the scan's run at (layer, position) moves the blank run's logits toward the
-    baseline's: vision carries the image early, text late, the last token in between."""
+    baseline's: vision carries the image early, text late, the last token in between; token
+    index p a share (1 + p % 4) / 8 of vision's."""
     x = layer / n_layers
+    if position.isdigit():
+        return (1 - x) * (1 + int(position) % 4) / 8
     return {"vision": 1 - x, "text": x, "last": 0.5 * x * x}[position]
 
 
-def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers: tuple[int, ...]
+def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers: tuple[int, ...],
+              tokens: tuple[int, ...] = (), heads: tuple[int, ...] = ()
               ) -> list[tuple[str, dict[str, Variable], dict[str, Any]]]:
     """A denoising scan `trace` (blank <- baseline at `layer`): each run is the blank run with its
     logprobs the log-softmax of (1 - w) ln p_blank + w ln p_baseline, w = `scan_weight`. So the
@@ -293,17 +304,24 @@ def scan_runs(m: SyntheticModel, written: dict[str, dict[str, Variable]], layers
     blank = written["blank"]["logprobs"].data.astype(np.float64)
     clean = written["baseline"]["logprobs"].data.astype(np.float64)
     runs = []
-    for layer in layers:
-        for position in SCAN_POSITIONS:
-            w = scan_weight(layer, position, m.n_layers)
-            logprobs = _log_softmax((1 - w) * blank + w * clean)
-            tensors = {**written["blank"], "logprobs": Variable(("run", "step", "vocab"), logprobs.astype(np.float32))}
-            if "generated" in tensors:
-                tensors["generated"] = Variable(("run", "step"), logprobs.argmax(-1).astype(np.int64))
-            sweep = {"l": layer, "pos": position, "dir": "denoising", "scan_base": "blank", "scan_donor": "baseline",
-                     "scan_site": "layer"}
-            runs.append((f"trace[l={layer},pos={position}]", tensors, {"sweep": sweep, "image": "blank"}))
+    cells: list[tuple[str, int, int | None, str]] = [("trace", layer, None, position) for layer in layers for position in (*SCAN_POSITIONS, *map(str, tokens))]
+    cells += [("heads", layer, head, position) for layer in layers for head in heads for position in ("vision", "last")]
+    for scan, layer, head, position in cells:
+        w = scan_weight(layer, position, m.n_layers) * (1 if head is None else head_share(head, m.heads))
+        logprobs = _log_softmax((1 - w) * blank + w * clean)
+        tensors = {**written["blank"], "logprobs": Variable(("run", "step", "vocab"), logprobs.astype(np.float32))}
+        if "generated" in tensors:
+            tensors["generated"] = Variable(("run", "step"), logprobs.argmax(-1).astype(np.int64))
+        sweep = {"l": layer, "pos": position, "dir": "denoising", "scan_base": "blank", "scan_donor": "baseline",
+                 "scan_site": "layer" if head is None else "attn_heads"}
+        name = f"{scan}[l={layer},pos={position}]" if head is None else f"{scan}[l={layer},h={head},pos={position}]"
+        runs.append((name, tensors, {"sweep": sweep if head is None else {"h": head, **sweep}, "image": "blank"}))
     return runs
+
+
+def head_share(head: int, heads: int) -> float:
+    """The share of its (layer, position) cell's weight that patching one head carries."""
+    return (1 + head) / (heads + 1)
 
 
 def _answer_labels(i: int, condition: str, vocab: int) -> dict[str, Variable]:
@@ -328,6 +346,7 @@ def _sample_tensors(m: SyntheticModel, rng: np.random.Generator, i: int) -> dict
         "attention": rng.dirichlet(np.ones(n), size=(m.steps, m.n_layers, m.heads)).transpose(3, 0, 1, 2),
         "prefill": rng.uniform(size=(n, m.n_layers, m.heads)),
         "logits": logits,
+        "received": rng.uniform(size=(n, m.n_layers, m.heads)),  # drawn last: the draws above keep their values
     }
 
 
@@ -366,8 +385,10 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
     elif condition != "baseline" and alpha != 1.0:
         attention = rng.dirichlet(np.ones(n), size=(m.steps, m.n_layers, m.heads)).transpose(3, 0, 1, 2)
     prefill = base["prefill"] if with_image else base["prefill"][base["modality"] == "text"]
+    received = base["received"] if with_image else base["received"][base["modality"] == "text"]
     if condition != "baseline" and alpha != 1.0:
         prefill = np.clip(prefill + 0.05 * rng.standard_normal(prefill.shape), 0, 1)
+        received = received * 0.5  # no draw: the conditions' other draws keep their values
     logits = base["logits"].copy()
     if alpha == 0.1:
         # the baseline's top token falls to rank exactly TOP_RANK_AT_0_1 at step 0
@@ -397,6 +418,8 @@ def _condition_tensors(m: SyntheticModel, rng: np.random.Generator, base: dict, 
         "values": Variable(("token", "decoder_layer", "kv"), values.astype(np.float32), {"decoder_layer": decoder_layer}),
         "prefill_vision_mass": Variable(("token", "decoder_layer", "head"), prefill.astype(np.float32),
                                         {"decoder_layer": decoder_layer}),
+        "prefill_text_attention": Variable(("token", "decoder_layer", "head"), received.astype(np.float32),
+                                           {"decoder_layer": decoder_layer}),
         "decode_attention": Variable(("token", "step", "decoder_layer", "head"), attention.astype(np.float32),
                                      {"decoder_layer": decoder_layer}),
         "logprobs": Variable(("run", "step", "vocab"), logprobs[None].astype(np.float32)),

@@ -53,7 +53,8 @@ def test_the_estimate_is_the_stored_bytes_per_condition_and_variable(estimated, 
     out = capsys.readouterr().out
     estimate = estimate_run(workbench.load_spec(spec_path))
     (model,) = estimate.models
-    assert model.not_estimated == {"prefill_vision_mass": "head", "decode_attention": "head"}
+    assert model.not_estimated == {"prefill_vision_mass": "head", "prefill_text_attention": "head",
+                                   "decode_attention": "head"}
     assert main(["run", str(spec_path), "--no-progress", "--no-table"]) == 0
     capsys.readouterr()
     ds = workbench.open_store(store, MODEL)
@@ -108,3 +109,48 @@ def test_a_run_beyond_the_free_disk_says_so_before_it_starts(estimated, tmp_path
     err = capsys.readouterr().err
     assert "warning: this run's captures are estimated at" in err and "more than the" in err
     assert store.is_dir()  # a warning, not a refusal: the estimate is uncompressed
+
+
+SCAN_SPEC = f"""name: estimate-scan
+models: [{MODEL}]
+data: {{source: builtin, n: 2}}
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  trace: {{scan: {{clean: baseline, corrupt: blank, layers: [0, 1, 2], positions: [vision, text, last], direction: both}}}}
+  heads: {{scan: {{clean: baseline, corrupt: blank, site: attn_heads, heads: [0, 1], layers: [1], positions: [last]}}}}
+  guess: {{scan: {{clean: baseline, corrupt: blank, layers: [0, 2], positions: [vision], method: attribution,
+                  metric: logit_diff, tokens: [3, 4]}}}}
+capture: [{{site: logits}}]
+store: {{path: unused.zarr}}
+backend: {{batch_size: 8}}
+"""
+
+
+def test_the_estimate_counts_a_scans_forwards_as_the_backend_issues_them(load_tiny):
+    """Real patching's runs batched, plus one forward per donor and site a sample's runs read
+    (the traces a local run of each sample's runs issues, counted as they run); an attribution
+    scan's runs none of their own but a forward of its base and its donor per sample."""
+    import math
+
+    from workbench.backends.local import group_rows, run_rows, want_sources
+    from workbench.data import builtin_samples
+    from workbench.runner import LazyInputs, compile_all
+    from workbench.spec import parse_spec
+
+    spec = parse_spec(SCAN_SPEC)
+    (plan,) = compile_all(spec)
+    model = load_tiny(MODEL, attn="sdpa")
+    real = [c for c in plan.conditions if not c.name.startswith("guess[")]
+    traced = []
+    for sample in builtin_samples(2):
+        inputs = LazyInputs(model, sample)
+        jobs = [(inputs, c) for c in real]
+        memo = want_sources(jobs, {})
+        for group in group_rows(jobs, plan.batch_size, model.arch.per_token_keys):
+            run_rows(model, [jobs[i] for i in group], plan, on_trace=traced.append, memo=memo)
+    estimate = estimate_run(spec, [plan])
+    # 2 + 18 + 2 runs in forwards of 8, per sample; the donors: baseline and blank at `layer`, baseline at attn_heads
+    assert len(traced) == 2 * (math.ceil(22 / 8) + 3)
+    assert estimate.forwards == len(traced) + 2 * 2   # the attribution scan: its base's and its donor's forward
+    assert estimate.runs == 2 * (22 + 2)

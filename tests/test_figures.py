@@ -40,7 +40,8 @@ def small_store(tmp_path_factory) -> Path:
 def sweep_store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("figures")
     return write_synthetic_store(root / "sweep.zarr", models=(*DEFAULT_MODELS, WIDE), n_samples=3, alphas=ALPHAS,
-                                 scan_layers=(0, 1, 2)).path
+                                 scan_layers=(0, 1, 2), scan_tokens=(4, 5, 6),
+                                 scan_heads=(0, 1)).path
 
 
 @pytest.fixture(scope="module")

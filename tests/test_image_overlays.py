@@ -2,7 +2,8 @@
 each token's place as token labels (the encoder's, unpacked from one array), `report --samples`
 draws the overlays over the sample's own image in report.md and report.html, a sample the store
 does not hold is refused (exit 2), and a store without geometry (written before it was stored)
-still reports, the section skipped with the reason."""
+still reports, the section skipped with the reason. The maps of a synthetic store (prefill and
+decode attention, the patching effect per patch) hold the values numpy computes from its arrays."""
 
 from __future__ import annotations
 
@@ -112,3 +113,85 @@ def test_older_rows_of_a_resumed_store_read_as_none(tmp_path):
         assert (ds[name].values[old] == -1).all(), name
     new_vision = ~old & (ds["modality"].values == "vision")
     assert new_vision.any() and (ds["tile"].values[new_vision] == 0).all()
+
+
+SCAN_TOKENS = (4, 5, 6, 7, 8)   # vision in every synthetic layout, boundary or text in some
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory) -> Path:
+    return write_synthetic_store(tmp_path_factory.mktemp("scanned") / "s.zarr", models=DEFAULT_MODELS[:1], n_samples=3,
+                                 alphas=(1.0,), extra_conditions=("blank",), scan_layers=(0, 2),
+                                 scan_tokens=SCAN_TOKENS).path
+
+
+def heat_at(ax, boxes: np.ndarray) -> np.ndarray:
+    """The painted map's value at each box's centre (the second image of a panel: the map)."""
+    heat = np.asarray(ax.images[1].get_array(), dtype=np.float64)
+    return np.array([heat[int((y0 + y1) / 2), int((x0 + x1) / 2)] for x0, y0, x1, y1 in boxes])
+
+
+def test_prefill_and_decode_attention_maps_are_the_stored_attention(scanned, tmp_path):
+    from analyses import overlays
+    from analyses.builtin.image_overlays import overlay_attention
+    from analyses.tables import Options, open_models
+
+    models = open_models(scanned)
+    ds = models[DEFAULT_MODELS[0].model_id]
+    figure = overlay_attention(models, Options(n_resamples=20, samples=("synthetic/001",)), tmp_path)
+    assert figure.skipped is None and figure.path.exists()
+    prefill_panel, step0_panel = figure.figure.axes[0], next(ax for ax in figure.figure.axes
+                                                              if "decode step 0" in ax.get_title())
+    assert "prefill" in prefill_panel.get_title()
+    rows = overlays.token_rows(ds, "baseline", "synthetic/001")
+    vision = rows[ds["modality"].values[rows] == "vision"]
+    received = ds["prefill_text_attention"].values[vision].astype(np.float64)      # (token, layer, head)
+    expected = received.mean(axis=(1, 2))
+    np.testing.assert_allclose(overlays.prefill_attention(ds, vision), expected, rtol=1e-6)
+    where = overlays.patches(ds, rows, None)
+    np.testing.assert_array_equal(where.rows, vision)
+    np.testing.assert_allclose(heat_at(prefill_panel, where.boxes), expected, rtol=1e-6)
+    decode = ds["decode_attention"].values[vision][:, 0].astype(np.float64).mean(axis=(1, 2))
+    np.testing.assert_allclose(heat_at(step0_panel, where.boxes), decode, rtol=1e-6)
+
+
+def test_the_patching_map_is_each_samples_effect_of_patching_that_token(scanned, tmp_path):
+    from analyses import overlays
+    from analyses.builtin.image_overlays import overlay_patching
+    from analyses.patching import metric_values
+    from analyses.synthetic import scan_weight
+    from analyses.tables import Options, open_models
+
+    models = open_models(scanned)
+    model = DEFAULT_MODELS[0]
+    ds = models[model.model_id]
+    tokens = (1, 2)
+    figure = overlay_patching(models, Options(n_resamples=20, samples=("synthetic/000", "synthetic/002"),
+                                              metric="logit_diff", tokens=tokens), tmp_path)
+    assert figure.skipped is None and figure.path.exists()
+    scans = overlays.patch_scans(ds)
+    assert sorted(s.layer for s in scans) == [0, 2] and all(set(s.cells) == {(p,) for p in SCAN_TOKENS} for s in scans)
+    panels = [ax for ax in figure.figure.axes if ax.get_label() != "<colorbar>" and ax.images]
+    assert len(panels) == 2 * len(scans)   # two samples x one panel per layer
+    run_rows = ds["run_condition"].values, ds["run_sample"].values
+    for i, sample in ((0, "synthetic/000"), (2, "synthetic/002")):
+        rows = overlays.token_rows(ds, "baseline", sample)
+        where = overlays.patches(ds, rows, None)
+        positions = ds["position"].values[where.rows]
+        for scan, ax in zip(scans, [ax for ax in panels if sample in ax.get_title()]):
+            def diff(condition: str) -> float:   # ln p(a) − ln p(b) at step 0, from the stored arrays
+                run = np.flatnonzero((run_rows[0] == condition) & (run_rows[1] == sample))[0]
+                lp = ds["logprobs"].values[run, 0].astype(np.float64)
+                return lp[tokens[0]] - lp[tokens[1]]
+            expected = np.full(len(positions), np.nan)
+            for p, condition in scan.cells.items():
+                if p[0] in positions:
+                    expected[list(positions).index(p[0])] = (diff(condition) - diff("blank")) / (
+                        diff("baseline") - diff("blank"))
+            values = overlays.patch_effect(metric_values(ds, "logit_diff", "blank", tokens), scan, sample, positions)
+            np.testing.assert_allclose(values, expected, rtol=1e-4)
+            # by construction the effect of patching token p at layer l is scan_weight(l, p)
+            built = [scan_weight(scan.layer, str(p), model.n_layers) if p in SCAN_TOKENS else np.nan for p in positions]
+            np.testing.assert_allclose(values, built, rtol=1e-3, atol=1e-5)
+            assert np.isnan(values).any() and np.isfinite(values).any()   # tokens no single-token run patched
+            np.testing.assert_allclose(heat_at(ax, where.boxes), expected, rtol=1e-4)

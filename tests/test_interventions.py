@@ -230,9 +230,12 @@ def test_logprobs_generation_attention_and_kv_match_transformers(load_tiny, name
         out = model.hf(**enc, output_attentions=True, cache=cache, use_cache=True)
     np.testing.assert_allclose(result.run["logprobs"][0, 0], torch.log_softmax(out.logits[0, -1], -1).numpy(), atol=ATOL)
     vision = torch.as_tensor(inputs["real"].modality == "vision")
+    text = torch.as_tensor(inputs["real"].modality == "text")
     for l, attn in enumerate(out.attentions):
         np.testing.assert_allclose(result.tokens["prefill_vision_mass"][:, l], attn[0][:, :, vision].sum(-1).T.numpy(), atol=ATOL)
         np.testing.assert_allclose(result.tokens["decode_attention"][:, 0, l], attn[0][:, -1, :].T.numpy(), atol=ATOL)
+        np.testing.assert_allclose(result.tokens["prefill_text_attention"][:, l], attn[0][:, text, :].sum(1).T.numpy(),
+                                   atol=ATOL)
         keys = cache.layers[l].keys[0].permute(1, 0, 2).reshape(n, -1).numpy()
         values = cache.layers[l].values[0].permute(1, 0, 2).reshape(n, -1).numpy()
         np.testing.assert_allclose(result.tokens["keys"][:, l], keys, atol=ATOL)
@@ -288,7 +291,7 @@ def test_kv_swap(load_tiny, name):
   self: {kv_swap: {donor: self}}
   hybrid: {kv_swap: {donor: blank}}
   halved: {interventions: [{kind: scale, site: layer, layers: [1], positions: all, factor: 0.5}]}
-  from_halved: {kv_swap: {donor: halved, positions: all}}""", "[{site: logits}, {site: layer}]")
+  from_halved: {kv_swap: {donor: halved, positions: all}}""", "[{site: logits}, {site: layer}, {site: attention}]")
     base, inputs = run(model, plan, "baseline")
     self_swap, _ = run(model, plan, "self")
     hybrid, _ = run(model, plan, "hybrid")
@@ -297,6 +300,9 @@ def test_kv_swap(load_tiny, name):
     # a self-donor (an untouched cache) continues to the full-prefill distribution
     np.testing.assert_allclose(lp(self_swap), lp(base), atol=ATOL)
     np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
+    # the prompt's attention read over its two traces (n-1 tokens, then the last) adds up to the one forward's
+    for name in ("prefill_vision_mass", "prefill_text_attention"):
+        np.testing.assert_allclose(self_swap.tokens[name], base.tokens[name], atol=ATOL)
     # a blank donor changes it, exactly as the plain-transformers reference does
     assert np.abs(lp(hybrid) - lp(base)).max() > 1e-3
     vision = np.flatnonzero(inputs["real"].modality == "vision")

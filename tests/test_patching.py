@@ -1,6 +1,7 @@
 """Patching scans on the tiny models: a scan's runs against patching done with plain PyTorch hooks,
 the identities (every position at layer 0 patched gives the donor's output; an empty group the
-base's), the forwards a batched scan issues, and the spec's scan section."""
+base's), one head's output patched (site attn_heads) against a plain pre-hook on o_proj that
+replaces that head's columns, the forwards a batched scan issues, and the spec's scan section."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from workbench.backends.local import Job, group_rows, run_condition, run_rows, want_sources
 from workbench.plan import compile_plan
@@ -78,6 +80,53 @@ def test_every_position_at_layer_0_gives_the_donor_and_no_position_the_base(load
     np.testing.assert_allclose(clean, patched_logprobs(model, inputs["real"].encoding), atol=ATOL, rtol=0)
 
 
+def head_patched_logprobs(model, encoding, layer, head, index, donor_encoding):
+    """Next-token log-probabilities of `encoding` with head `head`'s output at positions `index`
+    (o_proj's input columns head·d .. (head+1)·d − 1) replaced by the donor prompt's, by a plain
+    forward pre-hook on the layer's self_attn.o_proj; the donor runs first."""
+    projection = model.hf.get_decoder().layers[layer].self_attn.o_proj
+    d = model.info.head_dim
+    columns, rows = slice(head * d, (head + 1) * d), torch.as_tensor(np.asarray(index, dtype=np.int64))
+    held = {}
+
+    def read(module, args):
+        held["x"] = args[0][:, rows, columns].clone()
+
+    def write(module, args):
+        x = args[0].clone()
+        x[:, rows, columns] = held["x"]
+        return (x, *args[1:])
+
+    out = None
+    for hook, prompt in ((read, donor_encoding), (write, encoding)):
+        handle = projection.register_forward_pre_hook(hook)
+        try:
+            model.prepare()
+            with torch.inference_mode():
+                out = model.hf(**prompt)
+        finally:
+            handle.remove()
+    return torch.log_softmax(out.logits[0, -1].float(), -1).numpy()
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3vl", "tiny-smolvlm"])
+def test_a_head_scan_patches_one_heads_output_as_a_plain_hook_does(load_tiny, name):
+    model = load_tiny(name)
+    plan = scan_plan(model, "{clean: baseline, corrupt: blank, site: attn_heads, heads: [0, 1], layers: [1], "
+                            "positions: [vision, last]}", batch=2)
+    inputs = LazyInputs(model, SAMPLE)
+    real, blank = inputs["real"], inputs["blank"]
+    base = logprobs(model, plan, "blank", inputs)
+    moved = 0.0
+    for head in (0, 1):
+        for pos, index in (("vision", np.flatnonzero(real.modality == "vision")), ("last", [real.n_tokens - 1])):
+            got = logprobs(model, plan, f"trace[l=1,h={head},pos={pos}]", inputs)
+            want = head_patched_logprobs(model, blank.encoding, 1, head, index, real.encoding)
+            np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"head {head} {pos}")
+            moved = max(moved, float(np.abs(got - base).max()))
+    assert moved > 1e-4   # some head's patch changes the output: the comparison says something
+
+
 def test_an_empty_group_patches_nothing(load_tiny):
     """A text-only model has no vision tokens: the scan's `vision` cells patch nothing."""
     model = load_tiny("tiny-llama")
@@ -135,6 +184,8 @@ def test_scan_spec_names_its_runs_and_refuses_what_cannot_run():
         "{clean: baseline, corrupt: blank, layers: [0], positions: [visoin]}": "conditions.trace.scan.positions[0]",
         "{clean: baseline, corrupt: blank, layers: [0], site: keys}": "conditions.trace.scan.site",
         "{clean: baseline, corrupt: blank, layers: all}": "conditions.trace.scan.layers",
+        "{clean: baseline, corrupt: blank, layers: [0], heads: [0]}": "conditions.trace.scan.heads: a scan over heads",
+        "{clean: baseline, corrupt: blank, layers: [0], site: attn_heads, heads: [-1]}": "conditions.trace.scan.heads[0]",
     }
     for scan, message in bad.items():
         with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
@@ -142,3 +193,14 @@ def test_scan_spec_names_its_runs_and_refuses_what_cannot_run():
     with pytest.raises(SpecError, match=r"conditions\.trace\.image: .*expected no 'image' beside 'scan'"):
         parse_spec(SCAN.format(model="tiny-qwen3vl", batch=1, scan="{clean: baseline, corrupt: blank, layers: [0]}")
                    .replace("    scan:", "    image: blank\n    scan:"))
+
+
+def test_heads_are_refused_at_a_site_without_heads(workbench_cache):
+    from workbench.models.model import model_info
+
+    spec = SCAN.format(model="tiny-qwen3vl", batch=1, scan="{clean: baseline, corrupt: blank, layers: [0]}").replace(
+        "  trace:\n    scan: {clean: baseline, corrupt: blank, layers: [0]}\n",
+        "  heads: {interventions: [{kind: patch, site: attn_out, layers: [1], heads: [0], from: baseline}]}\n")
+    with pytest.raises(SpecError, match=r"conditions\.heads\.interventions\[0\]\.heads: tiny-qwen3vl: 'attn_out' has no heads; "
+                                        r"expected 'heads' only at a site of per-head values \(attn_heads\)"):
+        compile_plan(parse_spec(spec), model_info("tiny-qwen3vl"))

@@ -104,3 +104,42 @@ def test_the_cli_prints_the_table_and_refuses_a_logit_difference_without_tokens(
     assert "| syn/scan | trace (layer) | denoising: blank ← baseline | 2 | text | 0.67" in out
     assert analyses_main(["analyze", str(store), "patching", "--metric", "logit_diff"]) == 2
     assert "--tokens: --metric logit_diff needs two token ids" in capsys.readouterr().err
+
+
+def test_a_scan_over_heads_gives_a_layer_by_head_grid(tmp_path, capsys):
+    """Each head's run moves the blank run w(l, pos) · head_share(h) of the way: its normalized
+    logit-difference effect is exactly that; the table names the head; a figure of layer x head."""
+    from analyses.builtin.patching import patching_heads
+    from analyses.synthetic import head_share
+    from analyses.tables import Options
+
+    path = write_synthetic_store(tmp_path / "heads.zarr", models=(MODEL,), n_samples=3, alphas=(1.0,),
+                                 scan_layers=(0, 2), scan_heads=(0, 1)).path
+    models = open_models(path)
+    ds = models[MODEL.model_id]
+    assert {r.head for r in scan_runs(ds)} == {None, 0, 1}
+    data = patching_effects(ds, "logit_diff", (3, 7), n_resamples=20, per_head=True)
+    assert data.effect.dims == ("scan", "direction", "layer", "head", "position", "stat")
+    assert list(data["head"].values) == [0, 1] and list(data.scan.values) == ["heads"]
+    for layer in (0, 2):
+        for head in (0, 1):
+            for position in ("vision", "last"):
+                got = float(data.effect.sel(scan="heads", direction="denoising", layer=layer, head=head,
+                                            position=position, stat="value"))
+                want = scan_weight(layer, position, MODEL.n_layers) * head_share(head, MODEL.heads)
+                assert got == pytest.approx(want, abs=1e-4)
+    # the scans over positions alone keep their own grid, without the head runs
+    assert "head" not in patching_effects(ds, "logit_diff", (3, 7), n_resamples=20).dims
+    assert analyses_main(["analyze", str(path), "patching", "--metric", "logit_diff", "--tokens", "3,7",
+                          "--resamples", "20"]) == 0
+    out = capsys.readouterr().out
+    want = scan_weight(2, "vision", MODEL.n_layers) * head_share(1, MODEL.heads)
+    assert f"| syn/scan | heads (attn_heads, head 1) | denoising: blank ← baseline | 2 | vision | {want:.2f}" in out
+    figure = patching_heads(models, Options(n_resamples=20, metric="logit_diff", tokens=(3, 7)), tmp_path)
+    assert figure.skipped is None and figure.path.exists()
+    panel = figure.figure.axes[0]
+    assert panel.get_ylabel() == "head" and "layer" in panel.get_xlabel()
+    np.testing.assert_allclose(np.asarray(panel.images[0].get_array()),
+                               data.effect.sel(scan="heads", direction="denoising", position=panel.get_title()
+                                               .rpartition("positions ")[2], stat="value").transpose("head", "layer"),
+                               atol=1e-12)

@@ -261,6 +261,34 @@ backend: {{batch_size: 8}}
     assert_same_results(load(local, name), load(remote, name))
 
 
+def test_samples_per_job_runs_several_samples_in_one_session(server, tmp_path):
+    """backend.samples_per_job: 3 runs a sweep's and a scan's conditions of three samples in one
+    NDIF job (one session: its body runs each sample as a job of its own would); the first sample
+    goes alone, before the store exists (`RemoteExecutor.prepare`). The store equals a local run's."""
+    name = "tiny-qwen3vl"
+    spec = f"""\
+name: remote-session
+models: [{name}]
+data: {{source: builtin, n: 4}}
+conditions:
+  baseline: {{}}
+  blank: {{image: blank}}
+  steer: {{interventions: [{{kind: scale, site: layer, layers: [1], factor: $c}}], sweep: {{c: [0.5, 2.0]}}}}
+  trace: {{scan: {{clean: baseline, corrupt: blank, layers: [0, 2], positions: [vision, last]}}}}
+capture: [{{site: logits}}]
+store: {{path: STORE}}
+backend: {{batch_size: 4, samples_per_job: 3}}
+"""
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    run(spec.replace("STORE", str(local)), remote=False)
+    before = len(server.requests_seen)
+    summary = run(spec.replace("STORE", str(remote)), remote=config(server))
+    assert summary.written == summary.total == 4 * (2 + 2 + 4)
+    # sample 0 alone (before the store exists), samples 1-2 (the rest of the first window), sample 3
+    assert len(server.requests_seen) - before == 3
+    assert_same_results(load(local, name), load(remote, name))
+
+
 def test_nnsight_local_simulation_runs_every_intervention_kind(tmp_path, local_store):
     """remote="local": nnsight's own serialize -> deserialize (user modules hidden) path."""
     name = "tiny-qwen3vl"

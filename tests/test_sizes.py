@@ -215,3 +215,18 @@ def test_a_million_samples_start_running_without_being_held(tmp_path):
             ("builtin/color/001", "baseline")]
 
     assert traced_peak(first_runs) < 5 << 20  # two samples' images, not a million
+
+
+def test_a_scans_grid_counts_toward_the_condition_limit(tmp_path):
+    """A scan's runs (layers x heads x position groups x directions) are conditions too: past
+    `limits.conditions` the spec is refused before its grid expands, at the scan's field."""
+    scan = ("  baseline: {}\n  blank: {image: blank}\n  trace:\n    scan: {clean: baseline, corrupt: blank, "
+            "layers: [0, 1, 2], positions: [vision, text, last, 3, 4], direction: both}\n")
+    parse_spec(spec_text(tmp_path / "s.zarr", scan, limits="limits: {conditions: 32}\n"))   # 2 + 3 x 5 x 2
+    with pytest.raises(SpecError, match=r"conditions: the conditions expand to 32 in all \(trace: 30\)"):
+        parse_spec(spec_text(tmp_path / "s.zarr", scan, limits="limits: {conditions: 31}\n"))
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec_text(tmp_path / "s.zarr", scan, limits="limits: {conditions: 29}\n"))
+    assert ("conditions.trace.scan: the scan expands to 30 conditions (l: 3 values x pos: 5 values x dir: 2 values), "
+            "32 with the other conditions; the limit is 29 conditions; expected fewer layers, position groups or "
+            "heads") in str(err.value)

@@ -28,12 +28,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .backends.local import RunResult
+from .data import Sample
 from .errors import BadInputError
 from .interventions.patch import Patch
 from .models.model import WorkbenchModel
 from .plan import ConditionPlan, ModelPlan
 from .sites import first_tensor, position_index
-from .spec.scans import SCAN_SITES
+from .spec.scans import METHOD_VAR, METRIC_VAR, SCAN_SITES, TOKENS_VAR
 
 ATTRIBUTION_METRICS = ("logit_diff", "answer_logprob")
 
@@ -62,6 +64,9 @@ def _site_module(model: WorkbenchModel, site: str, layer: int) -> tuple[torch.nn
     layers = hf.get_submodule(arch.decoder_layers)
     if site == "layer":
         return (layers[layer] if layer < len(layers) else hf.get_submodule(arch.final_norm)), True
+    if site == "attn_heads":  # the output projection's input (`.source` name self_<module>_0)
+        name = arch.output_projection_call.removeprefix("self_").rpartition("_")[0]
+        return getattr(layers[layer].self_attn, name), True
     module = layers[layer]
     for part in arch.branch_outputs[site].split("."):
         module = getattr(module, part)
@@ -132,8 +137,42 @@ def attribution_scan(model: WorkbenchModel, plan: ModelPlan, inputs_by_image: An
             index = torch.as_tensor(np.asarray(position_index(patch.positions, inputs.modality), dtype=np.int64))
             (layer,) = patch.layers
             delta = (h_donor[layer][index] - h_base[layer][index]).to(grads[layer].device)
+            if patch.heads is not None:  # only those heads' columns are patched
+                d = int(model.info.head_dim or 0)
+                keep = torch.zeros(delta.shape[-1], dtype=delta.dtype, device=delta.device)
+                for head in patch.heads:
+                    keep[head * d:(head + 1) * d] = 1
+                delta = delta * keep
             out[run.name] = float((delta * grads[layer][index]).sum())
     return out
+
+
+def is_attribution(condition: ConditionPlan) -> bool:
+    """A run of a scan with method: attribution (estimated here, not run as a patch)."""
+    return condition.sweep.get(METHOD_VAR) == "attribution"
+
+
+def attribution_results(model: WorkbenchModel, plan: ModelPlan, inputs_by_image: Any, runs: list[ConditionPlan],
+                        sample: Sample) -> list[RunResult]:
+    """One sample's attribution runs as results: each holds `attribution` (run,), the estimate of
+    m(run) − m(base) on its scan's metric (`scan_metric`, `scan_tokens`; answer_logprob: the
+    first token of the sample's answer), in place of a forward of its own."""
+    from .labels import answer_ids
+
+    estimates: dict[str, float] = {}
+    by_metric: dict[tuple[str, str], list[ConditionPlan]] = {}
+    for run in runs:
+        by_metric.setdefault((str(run.sweep[METRIC_VAR]), str(run.sweep.get(TOKENS_VAR) or "")), []).append(run)
+    for (metric, words), cells in by_metric.items():
+        tokens = tuple(int(t) for t in words.split(",") if t)
+        if metric == "answer_logprob":
+            ids = answer_ids(model.tokenizer, sample.answer)
+            if not ids:
+                raise BadInputError(f"sample {sample.id}: answer_logprob reads the sample's answer, and it has none; "
+                                    "expected samples with answers, or metric: logit_diff")
+            tokens = (ids[0],)
+        estimates.update(attribution_scan(model, plan, inputs_by_image, cells, metric, tokens))
+    return [RunResult(run={"attribution": np.array([estimates[run.name]], dtype=np.float32)}) for run in runs]
 
 
 def _base_of(plan: ModelPlan, run: ConditionPlan) -> ConditionPlan:

@@ -11,6 +11,9 @@ Stored variables (dims; what a row is):
   `decoder_layer` l is the l-th decoder layer, which reads residual `layer` l.
 - `prefill_vision_mass (token, decoder_layer, head)`: for each query position of the prompt forward, the
   attention probability mass on `vision` key positions.
+- `prefill_text_attention (token, decoder_layer, head)`: for each key position of the prompt forward,
+  the attention probability it receives from the prompt's `text` query positions, summed over them
+  (the per-patch text→vision mass where the key is a vision token).
 - `decode_attention (token, step, decoder_layer, head)`: the attention probability of decode step s's
   query on the key at this prompt position. Step 0's query is the last prompt position (it
   predicts generated token 0); step s >= 1's query is generated token s-1 fed back.
@@ -119,6 +122,7 @@ class CapturePlan(Record):
         if self.attention:
             coords["prefill_vision_mass"] = {"decoder_layer": np.asarray(self.attention.layers)}
             coords["decode_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
+            coords["prefill_text_attention"] = {"decoder_layer": np.asarray(self.attention.layers)}
         for output in self.outputs:
             # per-layer sites keep their own index dim (`vision_layer`: the tower's, never the LLM's)
             if getattr(output, "layers", None) is not None:

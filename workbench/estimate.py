@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .sites import site, variable_dims
+from .spec.scans import BASE_VAR, DONOR_VAR, METHOD_VAR, SITE_VAR
 
 if TYPE_CHECKING:
     from .worklist import SampleStream
@@ -111,6 +112,27 @@ def _token_counts(plan: ModelPlan, samples: Iterable[Any], n_samples: int, modes
     return totals, extrapolated
 
 
+def forwards_per_sample(plan: ModelPlan) -> int:
+    """Forward passes of one sample's runs, as the local backend issues them: the runs batched
+    `batch_size` to a forward, each step decoded (`backends.local.run_rows`); one more forward per
+    source a patch or add reads at a site (`want_sources`: a scan's donor once, for every layer its
+    runs patch); an attribution scan's runs none of their own, but a forward (and backward) of each
+    base and a forward of each donor per site (`workbench.attribution`)."""
+    steps = plan.capture.max_new_tokens if plan.capture.decoding else 1
+    estimated = [c for c in plan.conditions if c.sweep.get(METHOD_VAR) == "attribution"]
+    run = [c for c in plan.conditions if c.sweep.get(METHOD_VAR) != "attribution"]
+    sources: set[tuple[str, str]] = set()
+    for condition in run:
+        for item in condition.interventions:
+            source = getattr(item, "source", None)
+            if source:
+                sources.add((source, item.site))
+                if getattr(item, "reads_own", True):
+                    sources.add((f"{condition.image} image", item.site))
+    pairs = {(c.sweep.get(BASE_VAR), c.sweep.get(DONOR_VAR), c.sweep.get(SITE_VAR)) for c in estimated}
+    return math.ceil(len(run) / max(1, plan.batch_size)) * steps + len(sources) + 2 * len(pairs)
+
+
 def estimate_run(spec: Spec, plans: list[ModelPlan] | None = None, samples: SampleStream | None = None) -> Estimate:
     """The estimate of `spec` (its plans and sample stream when the caller already has them)."""
     from .runner import compile_all
@@ -124,9 +146,7 @@ def estimate_run(spec: Spec, plans: list[ModelPlan] | None = None, samples: Samp
     for plan in plans:
         est = ModelEstimate(plan.info.model_id)
         conditions = [(c.name, c.image) for c in plan.conditions]
-        steps = plan.capture.max_new_tokens if plan.capture.decoding else 1
-        batches = math.ceil(len(conditions) / max(1, plan.batch_size))
-        est.runs, est.forwards = n_samples * len(conditions), n_samples * batches * steps
+        est.runs, est.forwards = n_samples * len(conditions), n_samples * forwards_per_sample(plan)
         tokens, est.tokens_extrapolated = _token_counts(plan, samples, n_samples, {image for _, image in conditions})
         rows = [(v, *_row_bytes(plan, v)) for v in variables if v in variable_dims()]
         est.not_estimated = {v: size for v, dim, size in rows if dim is None}

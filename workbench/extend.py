@@ -53,7 +53,7 @@ __all__ = ["Intervention", "InterventionSpec", "KindSpec", "InterventionKind", "
 
 ENTRY_POINT_GROUP = "workbench.plugins"
 # how a site's value is reached (`workbench.sites.Site.access`) where an edit can act
-EDIT_ACCESSES = ("sequence", "modules", "patches", "branch")
+EDIT_ACCESSES = ("sequence", "modules", "patches", "branch", "heads")
 
 SpecPath = tuple[Any, ...]
 Check = Callable[[Any, Any], list[tuple[SpecPath, str]]]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .names import ESTIMATE_DIMS
 from .sites import variable_dims  # dims of every stored capture, from the site registry
 from .store import Variable
 
@@ -30,7 +31,7 @@ def sample_variables(inputs: ModelInputs, result: RunResult, coords: dict[str, d
         **{name: Variable(("token",), values) for name, values in (inputs.geometry or {}).items()},
         **(text or {}),
     }
-    dims = variable_dims()
+    dims = {**variable_dims(), **ESTIMATE_DIMS}
     for name, data in {**result.tokens, **result.run, **result.patches}.items():
         variables[name] = Variable(dims[name], data, coords.get(name, {}))
     if result.patches:  # each patch's index within its sample's tower rows

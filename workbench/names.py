@@ -21,6 +21,9 @@ TEXT_LABELS = ("token_text", "run_prompt", "run_question", "run_category", "run_
 # in this one array: a commit then appends one array for them instead of eight
 RUN_TEXT = "run_text"
 RUN_TEXT_LABELS = tuple(name for name in TEXT_LABELS if name.startswith("run_"))
+# run variables no site captures: an attribution scan's estimate of m(run) − m(base) per run
+# (`workbench.attribution`), stored in place of the run's captures
+ESTIMATE_DIMS = {"attribution": ("run",)}
 # labels the store derives from the run rows instead of storing them per token (patch)
 DERIVED_LABELS = ("sample", "position", "patch_sample", "patch_position")
 

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 SpecPath = tuple[Any, ...]
 # what each site access is, in "'<kind>' acts at ..." messages (`workbench.sites.Site.access`)
 ACCESS_WORDS = {"sequence": "sequence sites", "modules": "the projector", "patches": "the vision tower",
-                "branch": "a decoder layer's branch outputs"}
+                "branch": "a decoder layer's branch outputs", "heads": "the attention heads' outputs"}
 # the sites a `source` condition's values are read at (`workbench.capture.SiteValues`)
-SOURCE_SITES = ("embed", "layer", "attn_out", "mlp_out")
+SOURCE_SITES = ("embed", "layer", "attn_heads", "attn_out", "mlp_out")
 
 
 def build_intervention(kind: InterventionKind, raw: Any, layers: tuple[int, ...] | None) -> Intervention:
@@ -167,7 +167,7 @@ class _Checker:
 
 
 # sites read inside a decoder layer's self-attention (its cache, its attention call, its output)
-SELF_ATTENTION_SITES = ("keys", "values", "keys_pre", "attention", "attn_out")
+SELF_ATTENTION_SITES = ("keys", "values", "keys_pre", "attention", "attn_heads", "attn_out")
 
 
 def site_layers(info: Any, site: str) -> tuple[tuple[int, ...], str] | None:
@@ -244,6 +244,9 @@ def _interventions(instance: Any, check: _Checker) -> tuple[Any, ...]:
             check.add(path + ("site",), f"{raw.site!r} does not run without an image (image: none); expected a "
                       "sequence site (embed, layer) or an image")
         kind = kinds[raw.kind]
+        if getattr(raw, "heads", None) is not None and access != "heads":
+            check.add(path + ("heads",), f"{raw.site!r} has no heads; expected 'heads' only at a site of per-head "
+                      f"values ({', '.join(n for n in editable_sites() if site_entry(n).access == 'heads')})")
         if access not in kind.accesses:
             fits = [k.name for k in kinds.values() if access in k.accesses and (k.sites is None or raw.site in k.sites)]
             check.add(path + ("kind",), f"'{raw.kind}' acts at {' and '.join(ACCESS_WORDS[a] for a in kind.accesses)}; "

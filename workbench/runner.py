@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.std import tqdm
 
 from .checks import nonfinite_report
-from .errors import Interrupted, Terminated
+from .errors import BadInputError, Interrupted, Terminated
 from .executors import Executor, LazyInputs, Outcome, SampleWork, choose_executor
 from .labels import TokenTexts, sample_variables, text_labels
 from .plan import ModelPlan, compile_plan
@@ -31,6 +31,8 @@ from .progress import library_bars_off, progress_bar
 from .provenance import provenance
 from .resume import condition_identity, resume_state
 from .signals import signal_drill, signals_deferred
+from .spec.problems import _dotted
+from .spec.schema import remote_attribution_problems
 from .store import StoreWriter, Variable
 from .writer import ResultSink, StoredResult
 
@@ -131,6 +133,10 @@ def run_spec(
     from .worklist import SampleStream, survey
 
     log = log or _LOG.info
+    # `run --remote` of a spec whose backend is local: refused as validate refuses a remote backend's
+    problems = remote_attribution_problems(spec, remote=remote not in (None, False))
+    if problems:
+        raise BadInputError(f"{_dotted(problems[0][0])}: {problems[0][1]}")
     executor = choose_executor(spec, remote, device, dtype, log)  # where the traces run, for the whole run
     plans = compile_all(spec)
     samples = SampleStream(spec.data, shard)  # read afresh on each pass, never all held (workbench/worklist.py)
@@ -235,20 +241,24 @@ class _Run:
     def _window_key(self) -> Callable[[PendingRun], tuple[str, int]]:
         """The pending runs that may share forwards: per model, consecutive samples holding up to
         2 x `batch_size` runs where the executor shares windows (a window bounds the inputs held
-        at once and lets `group_rows` pack samples of like shapes), else each sample on its own
-        (remotely: one NDIF job per sample)."""
+        at once and lets `group_rows` pack samples of like shapes), else `samples_per_job`
+        consecutive samples (remotely: one NDIF job, one nnsight session, for them all)."""
         shares = self.context.executor.shares_windows
-        state: dict[str, Any] = {"model": None, "sample": None, "window": 0, "runs": 0}
+        per_job = max(1, self.context.executor.samples_per_job)
+        state: dict[str, Any] = {"model": None, "sample": None, "window": 0, "runs": 0, "samples": 1}
 
         def key(entry: PendingRun) -> tuple[str, int]:
             plan, sample = entry.plan, entry.sample
             room = 2 * max(1, plan.batch_size)
             if plan.info.model_id != state["model"]:
-                state.update(model=plan.info.model_id, sample=sample.id, window=state["window"] + 1, runs=0)
+                state.update(model=plan.info.model_id, sample=sample.id, window=state["window"] + 1, runs=0,
+                             samples=1)
             elif sample.id != state["sample"]:
                 state["sample"] = sample.id
-                if not shares or plan.batch_size <= 1 or state["runs"] >= room:
-                    state.update(window=state["window"] + 1, runs=0)
+                state["samples"] += 1
+                if (not shares and state["samples"] > per_job) or (shares and (plan.batch_size <= 1
+                                                                              or state["runs"] >= room)):
+                    state.update(window=state["window"] + 1, runs=0, samples=1)
             state["runs"] += 1
             return plan.info.model_id, state["window"]
 

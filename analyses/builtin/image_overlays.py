@@ -1,9 +1,11 @@
 """`image-overlays`: per-patch values drawn over chosen samples' own images (`report --samples`, the
 first few by default), from the store's patch geometry (`analyses.overlays`). Table: per model
 and sample, the vision tokens placed and the view drawn. Figures: `overlay_norms` (each vision
-token's ‖h_l‖ at the first and last stored layers), `overlay_attention` (decode attention on each
-vision token per step), `overlay_effects` (each other condition's Δnorm and cosine to the
-reference per token, at the last stored layer).
+token's ‖h_l‖ at the first and last stored layers), `overlay_attention` (the attention each
+vision token receives from the prompt's text queries at prefill, and from the decode query at each
+step), `overlay_effects` (each other condition's Δnorm and cosine to the reference per token, at
+the last stored layer), `overlay_patching` (each patching scan over token indices: the sample's
+normalized effect of patching each vision token, on the scan metric `--metric`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from PIL import Image
 
-from .. import overlays
+from .. import overlays, patching
+from ..cache import MissingInputs
 from ..figures import FigureFile, Plot
 from ..plotting import not_stored
 from ..registry import Analysis, register_analysis
@@ -26,6 +29,7 @@ from ..tables import Options, Table
 
 MAX_STEPS = 4       # decode steps drawn
 MAX_CONDITIONS = 3  # conditions whose effect is drawn
+MAX_SCANS = 4       # (scan, direction, layer) patching panels drawn
 
 
 class Drawn:
@@ -138,22 +142,28 @@ def overlay_norms(models: dict[str, xr.Dataset], options: Options, out: Path) ->
 
 def overlay_attention(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
     def columns(ds: xr.Dataset) -> list[tuple[str, Panel]] | str:
-        if "decode_attention" not in ds.data_vars:
-            return ("needs decode_attention (capture site attention); prefill attention per patch is not "
-                    "stored (prefill_vision_mass is each query's total on vision keys)")
-
-        def at(step: int) -> Panel:
-            def draw(fig: Figure, ax: Axes, ds: xr.Dataset, rows: np.ndarray, where: overlays.Patches,
-                     image: Image.Image | None) -> str | None:
-                overlays.paint(fig, ax, image, where, overlays.decode_attention(ds, where.rows, step),
-                               "attention (mean over layers, heads)", cmap="viridis")
+        made: list[tuple[str, Panel]] = []
+        if "prefill_text_attention" in ds.data_vars:
+            def prefill(fig: Figure, ax: Axes, ds: xr.Dataset, rows: np.ndarray, where: overlays.Patches,
+                        image: Image.Image | None) -> str | None:
+                overlays.paint(fig, ax, image, where, overlays.prefill_attention(ds, where.rows),
+                               "Σ over text queries (mean over layers, heads)", cmap="viridis")
                 return None
-            return draw
+            made.append(("prefill: text queries' attention on each patch", prefill))
+        if "decode_attention" in ds.data_vars:
+            def at(step: int) -> Panel:
+                def draw(fig: Figure, ax: Axes, ds: xr.Dataset, rows: np.ndarray, where: overlays.Patches,
+                         image: Image.Image | None) -> str | None:
+                    overlays.paint(fig, ax, image, where, overlays.decode_attention(ds, where.rows, step),
+                                   "attention (mean over layers, heads)", cmap="viridis")
+                    return None
+                return draw
 
-        steps = [int(s) for s in np.asarray(ds["step"].values)][:MAX_STEPS]
-        return [(f"decode step {s}: attention on each patch", at(s)) for s in steps]
+            steps = [int(s) for s in np.asarray(ds["step"].values)][:MAX_STEPS]
+            made += [(f"decode step {s}: attention on each patch", at(s)) for s in steps]
+        return made or "needs prefill_text_attention or decode_attention (capture site attention)"
 
-    return _figure("overlay_attention", f"Decode attention on each vision token ({options.reference})", models,
+    return _figure("overlay_attention", f"Text→vision attention on each vision token ({options.reference})", models,
                    options, out, columns)
 
 
@@ -193,7 +203,47 @@ def overlay_effects(models: dict[str, xr.Dataset], options: Options, out: Path) 
                    options, out, columns)
 
 
+def overlay_patching(models: dict[str, xr.Dataset], options: Options, out: Path) -> FigureFile:
+    """Each scan over token indices: the sample's normalized patching effect on each patch."""
+    label = patching.METRIC_LABELS[options.metric]
+
+    def columns(ds: xr.Dataset) -> list[tuple[str, Panel]] | str:
+        scans = overlays.patch_scans(ds)
+        if not scans:
+            return "needs a patching scan over single vision tokens (positions: token indices)"
+        try:
+            values = {base: patching.metric_values(ds, options.metric, base, options.tokens)
+                      for base in {s.base for s in scans}}
+        except MissingInputs as exc:
+            return f"needs {exc}"
+
+        def panel(scan: overlays.PatchScan) -> Panel:
+            def draw(fig: Figure, ax: Axes, ds: xr.Dataset, rows: np.ndarray, where: overlays.Patches,
+                     image: Image.Image | None) -> str | None:
+                sample = str(as_str(ds["sample"].values)[rows[0]])
+                base = overlays.token_rows(ds, scan.base, sample)
+                ids = np.asarray(ds["token_id"].values)
+                if len(base) != len(rows) or not np.array_equal(ids[base], ids[rows]):
+                    return f"{scan.base}: not the reference's token sequence (no patch to place)"
+                positions = np.asarray(ds["position"].values)[where.rows]
+                effect = overlays.patch_effect(values[scan.base], scan, sample, positions)
+                if not np.isfinite(effect).any():
+                    return f"{scan.scan}: no run patched vision tokens of {sample} alone"
+                overlays.paint(fig, ax, image, where, effect, f"normalized effect on {label}", cmap="RdBu_r",
+                               centred=True)
+                return None
+            return draw
+
+        return [(f"{s.scan} ({s.site}) l={s.layer}, {s.direction}: {s.base} ← {s.donor}", panel(s))
+                for s in scans[:MAX_SCANS]]
+
+    return _figure("overlay_patching", f"Patching effect per vision token (0 = base run, 1 = donor run; {label})",
+                   models, options, out, columns)
+
+
 register_analysis(Analysis(
-    name="image-overlays", section="Vision tokens on the image", inputs=("hidden", "decode_attention"),
-    metrics=(overlays.hidden_norm, overlays.decode_attention, overlays.effect),
-    table=overlay_table, figures=(overlay_norms, overlay_attention, overlay_effects), order=160))
+    name="image-overlays", section="Vision tokens on the image",
+    inputs=("hidden", "prefill_text_attention", "decode_attention", "logprobs", "run_answer_ids"),
+    metrics=(overlays.hidden_norm, overlays.prefill_attention, overlays.decode_attention, overlays.effect,
+             overlays.patch_effect),
+    table=overlay_table, figures=(overlay_norms, overlay_attention, overlay_effects, overlay_patching), order=160))

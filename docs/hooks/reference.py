@@ -294,7 +294,8 @@ def _catalogue_entries(out: Path) -> tuple[dict[str, str], list[Path]]:
     from analyses.synthetic import write_synthetic_store
     from analyses.tables import Options, open_models
 
-    store = write_synthetic_store(out / "synthetic.zarr", n_samples=3, scan_layers=(0, 1, 2)).path
+    store = write_synthetic_store(out / "synthetic.zarr", n_samples=3, scan_layers=(0, 1, 2), scan_tokens=(4, 5, 6),
+                                  scan_heads=(0, 1)).path
     models = open_models(store)
     options = Options(n_resamples=200, sae=_catalogue_saes(store, out / "saes"))
     (out / "figures").mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from ..models.protocol import ModelLike
 from ..plan import ConditionPlan, ModelPlan
 from ..records import Record
 from ..sites import BatchRow, is_projector_site, order, position_index, site, token_rows
+from ..sites.attention import text_received
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -593,6 +594,7 @@ def _collect_prompt(result: RunResult, parts: list[dict], captures: CapturePlan,
         result.tokens["hidden"] = _stack_layers(merged, "hidden", captures.residual.layers).numpy()
     if captures.attention:
         result.tokens["prefill_vision_mass"] = _stack_layers(merged, "vision_mass", captures.attention.layers).numpy()
+        result.tokens["prefill_text_attention"] = text_received(merged, captures.attention.layers, n).numpy()
     if captures.kv:
         result.tokens.update(captures.kv.read_cache(cache, n, row))
     for output in captures.outputs:

@@ -67,6 +67,12 @@ def on_device(inputs: Any, device: Any, dtype: Any) -> Any:
     return inputs.replace(encoding=encoding)
 
 
+def server_run_samples(model: ModelLike, jobs: list, plan: ModelPlan) -> list:
+    """ON THE SERVER, inside one job's session: `server_run` of each (inputs, names) in turn,
+    several samples in one job (`workbench.backends.remote.run_samples`)."""
+    return [server_run(model, inputs, names, plan) for inputs, names in jobs]
+
+
 def server_run(model: ModelLike, inputs_by_image: dict, names: list, plan: ModelPlan) -> dict:
     """ON THE SERVER, inside the job's session: every listed condition of one sample, through the
     local backend's `run_conditions` (batched by `plan.batch_size`, as locally); returns

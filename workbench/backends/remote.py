@@ -42,6 +42,7 @@ import nnsight
 
 from .local import RunResult
 from .ndif_job import run_condition as _run_condition, server_run as _server_run  # noqa: F401
+from .ndif_job import server_run_samples as _server_run_samples
 from .remote_checks import (  # noqa: F401  (re-exported: the remote backend's public names)
     check_versions, find_deployment, load_remote_model, plugin_modules, preflight, prepare_remote, require_key,
     served_key, served_models, status_rows, status_table,
@@ -92,6 +93,28 @@ def run_sample(model: RemoteModel, inputs_by_image: Mapping[str, ModelInputs], c
     server = model.server_view()
     what = what or f"{model.model_id} | {getattr(getattr(inputs_by_image, 'sample', None), 'id', '?')}"
     raw = with_retries(lambda: _submit(model, server, inputs, names, plan, config), config, what, log)
+    return _results(raw, names, what)
+
+
+def run_samples(model: RemoteModel, work: list[tuple[Mapping[str, ModelInputs], list[ConditionPlan]]], plan: ModelPlan,
+                config: RemoteConfig, log: Callable[[str], None] = print, what: str = "") -> list[dict[str, RunResult]]:
+    """Several samples' conditions as ONE remote job: one nnsight session whose body runs each
+    sample as `run_sample`'s job would (`ndif_job.server_run_samples`), so the samples wait in
+    NDIF's queue once. Per sample, its captures by condition."""
+    every = list(dict.fromkeys(c.name for _, conditions in work for c in conditions))
+    plan = plan.replace(conditions=conditions_needed(plan, every))
+    jobs = []
+    for inputs_by_image, conditions in work:
+        names = [c.name for c in conditions]
+        jobs.append(({mode: inputs_by_image[mode] for mode in images_needed(plan, names)}, names))
+    server = model.server_view()
+    raw = with_retries(lambda: _submit(model, server, {}, [], plan, config, jobs), config, what, log)
+    if not isinstance(raw, list) or len(raw) != len(jobs):
+        raise RemoteRunError(f"{what}: the job returned {len(raw or [])} samples' results of {len(jobs)}")
+    return [_results(part, names, f"{what} (sample {i})") for i, (part, (_, names)) in enumerate(zip(raw, jobs))]
+
+
+def _results(raw: Any, names: list[str], what: str) -> dict[str, RunResult]:
     missing = [n for n in names if n not in (raw or {})]
     if missing:
         raise RemoteRunError(f"{what}: the job returned no result for {', '.join(missing)}")
@@ -136,9 +159,11 @@ def _remote_backend(model: Any, config: RemoteConfig) -> Any:
     return backend
 
 
-def _submit(model: Any, server: Any, inputs: dict, names: list[str], plan: Any, config: RemoteConfig) -> Any:
-    """One job: a session whose body runs every listed condition on the server. The body names
-    only `_server_run`, `server`, `inputs`, `names`, `plan` (what is pickled); never the config."""
+def _submit(model: Any, server: Any, inputs: dict, names: list[str], plan: Any, config: RemoteConfig,
+            jobs: list | None = None) -> Any:
+    """One job: a session whose body runs every listed condition on the server (`jobs`: every
+    listed sample's, (inputs, names) each). The body names only `_server_run` /
+    `_server_run_samples`, `server`, `inputs`, `names`, `jobs`, `plan` (what is pickled); never the config."""
     with shipped_by_value(_SHIPPED_PACKAGES + plugin_modules(plan)):
         if config.simulated:
             # nnsight's simulation runs the deserialized body here, on this model: load its weights
@@ -146,11 +171,17 @@ def _submit(model: Any, server: Any, inputs: dict, names: list[str], plan: Any, 
             if not model.lm.dispatched:
                 model.lm.dispatch()
             with model.lm.session(remote="local"):
-                results = nnsight.save(_server_run(server, inputs, names, plan))
+                if jobs is None:
+                    results = nnsight.save(_server_run(server, inputs, names, plan))
+                else:
+                    results = nnsight.save(_server_run_samples(server, jobs, plan))
             return results
         backend = _remote_backend(model, config)
         with model.lm.session(backend=backend):
-            results = nnsight.save(_server_run(server, inputs, names, plan))  # noqa: F841
+            if jobs is None:
+                results = nnsight.save(_server_run(server, inputs, names, plan))  # noqa: F841
+            else:
+                results = nnsight.save(_server_run_samples(server, jobs, plan))  # noqa: F841
     if config.blocking:
         return (backend.result or {}).get("results")
     return _poll(backend, config).get("results")

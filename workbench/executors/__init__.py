@@ -24,7 +24,7 @@ def choose_executor(spec: Spec, remote: bool | str | RemoteConfig | None = None,
         if config is not None:
             from .remote import RemoteExecutor
 
-            return RemoteExecutor(config, log)
+            return RemoteExecutor(config, log, backend.samples_per_job)
     from .local import LocalExecutor
 
     return LocalExecutor(device if device != "auto" else backend.device,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from .protocol import Outcome, SampleWork
 
 if TYPE_CHECKING:
     from tqdm.std import tqdm
 
+    from ..models.model import WorkbenchModel
     from ..models.protocol import ClientModel
     from ..plan import ModelPlan
     from ..worklist import SampleStream
@@ -19,6 +20,7 @@ class LocalExecutor:
     up to `backend.batch_size` rows. `models`: already loaded ones, by model id (benchmarks)."""
 
     shares_windows = True
+    samples_per_job = 1  # windows follow the batch size (`shares_windows`)
 
     def __init__(self, device: str = "auto", dtype: str = "auto", device_map: str | None = None,
                  log: Callable[[str], None] = print, models: dict[str, ClientModel] | None = None):
@@ -49,10 +51,20 @@ class LocalExecutor:
         """Consecutive samples' runs as forwards of up to `plan.batch_size` rows
         (`backends.local.group_rows`: rows of one sample or of several, padded where their prompts
         differ), each forward's outcomes yielded as one group before the next forward runs."""
+        from ..attribution import attribution_results, is_attribution
         from ..backends.local import Job, group_rows, pad_requirements, padding_limit, run_rows, want_sources
         from ..store import fault_point
 
-        jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions]
+        # an attribution scan's runs: one estimate per sample from a forward and backward of each base
+        # and a forward of each donor (`workbench.attribution`), not a patched forward each
+        for item in work:
+            estimated = [c for c in item.conditions if is_attribution(c)]
+            if estimated:
+                # gradients through plain hooks on this machine's transformers model
+                results = attribution_results(cast("WorkbenchModel", model), plan, item.inputs, estimated, item.sample)
+                yield [Outcome(item.sample, item.inputs, c, r) for c, r in zip(estimated, results)]
+        jobs = [(item.sample, item.inputs, condition) for item in work for condition in item.conditions
+                if not is_attribution(condition)]
         groups = group_rows([Job(inputs, condition) for _, inputs, condition in jobs], plan.batch_size,
                             model.arch.per_token_keys, padding_limit(model, plan.capture), pad_requirements(model),
                             model.arch.deepstack, model.arch.packed_connector)

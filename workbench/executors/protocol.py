@@ -55,6 +55,8 @@ class Executor(Protocol):
 
     #: consecutive samples may share forwards (a window of several samples); False: one per window
     shares_windows: bool
+    #: where windows are not shared: the consecutive samples one window (a remote job) holds
+    samples_per_job: int
 
     def prepare(self, plans: list[ModelPlan], samples: SampleStream, store_exists: bool) -> None:
         """Every check before the store is created or opened (a refusal leaves nothing on disk)."""

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 class RemoteExecutor:
     """Each sample's conditions not yet stored in one remote job (batched there as locally)."""
 
-    shares_windows = False  # one job per sample
+    shares_windows = False  # a job's samples run apart on the server (each batched as locally)
 
-    def __init__(self, config: RemoteConfig, log: Callable[[str], None] = print):
-        self.config, self.log = config, log
+    def __init__(self, config: RemoteConfig, log: Callable[[str], None] = print, samples_per_job: int = 1):
+        self.config, self.log, self.samples_per_job = config, log, samples_per_job
         self.models: dict[str, ClientModel] = {}
         # (model id, sample id) -> results, of the job run before the store existed (`prepare`)
         self.held: dict[tuple[str, str], dict[str, RunResult]] = {}
@@ -54,13 +54,18 @@ class RemoteExecutor:
 
     def execute(self, model: ClientModel, work: list[SampleWork], plan: ModelPlan,
                 bar: tqdm) -> Iterator[list[Outcome]]:
-        """The window's one sample as one job, its outcomes yielded one per group."""
+        """The window's samples (up to `samples_per_job`) as one job, their outcomes yielded one per
+        group (a sample run before the store existed, `prepare`, is not sent again)."""
+        held = {sample.id: self.held.pop((plan.info.model_id, sample.id), None) for sample, _, _ in work}
+        todo = [item for item in work if held[item.sample.id] is None]
+        if todo:
+            count = sum(len(item.conditions) for item in todo)
+            first = todo[0].sample.id if len(todo) == 1 else f"{len(todo)} samples"
+            bar.set_description(f"{plan.info.model_id} | {first} | {count} condition(s) on {self.config.label}")
+            held.update(zip([item.sample.id for item in todo], self._run_many(model, todo, plan)))
         for sample, inputs, conditions in work:
-            results = self.held.pop((plan.info.model_id, sample.id), None)
-            if results is None:
-                bar.set_description(f"{plan.info.model_id} | {sample.id} | {len(conditions)} condition(s) on "
-                                    f"{self.config.label}")
-                results = self._run(model, inputs, conditions, plan)
+            results = held[sample.id]
+            assert results is not None
             for condition in conditions:
                 yield [Outcome(sample, inputs, condition, results[condition.name])]
 
@@ -71,6 +76,15 @@ class RemoteExecutor:
         # this executor's models (`load`, `prepare_remote`) are RemoteModels
         return run_sample(cast("RemoteModel", model), inputs, conditions, plan, self.config, log=self.log,
                           what=f"{plan.info.model_id} | {inputs.sample.id}")
+
+    def _run_many(self, model: ClientModel, work: list[SampleWork], plan: ModelPlan) -> list[dict[str, RunResult]]:
+        if len(work) == 1:
+            return [self._run(model, work[0].inputs, work[0].conditions, plan)]
+        from ..backends.remote import run_samples
+
+        return run_samples(cast("RemoteModel", model), [(item.inputs, item.conditions) for item in work], plan,
+                           self.config, log=self.log, what=f"{plan.info.model_id} | {work[0].sample.id} "
+                           f"and {len(work) - 1} more")
 
     def describe(self) -> dict[str, Any] | None:
         return self.config.describe()  # where it ran; never the API key

@@ -1,5 +1,6 @@
 """`attention`: attention probabilities of each listed decoder layer, reduced as they are read:
-per query the mass on vision keys (prompt forward), and each decode step's row."""
+per query the mass on vision keys and per key the mass it receives from the prompt's text queries
+(prompt forward), and each decode step's row."""
 
 from __future__ import annotations
 
@@ -61,8 +62,10 @@ def attention_probabilities(args: tuple, kwargs: dict, row: Any = None) -> torch
 
 class AttentionCapture(Record):
     """Attention probabilities of each listed decoder layer (see `attention_probabilities`),
-    reduced as they are read: per query the mass on vision keys, and the last query's full row
-    (the decode step's)."""
+    reduced as they are read: per query the mass on vision keys, per key the mass it receives from
+    the text queries of the prompt (`text_received`: a prompt forward's, whose keys are all prompt
+    positions; a decode step's keys run past the prompt and it reads none), and the last query's
+    full row (the decode step's)."""
 
     layers: tuple[int, ...]
     _fields = ("layers",)
@@ -82,6 +85,23 @@ class AttentionCapture(Record):
         mass = probs[:, :, vision_keys].sum(-1)   # (heads, q)
         saved.setdefault(("vision_mass", layer), []).append(saved_copy(mass.transpose(0, 1)))
         saved.setdefault(("last_row", layer), []).append(saved_copy(probs[:, -1, :].transpose(0, 1)))
+        modality = inputs.modality
+        if n_keys <= len(modality):  # a prompt forward (or its one-token tail): queries end at key n_keys-1
+            text = torch.as_tensor(modality[n_keys - probs.shape[1]:n_keys] == "text")
+            received = probs[:, to_device(text, probs), :].sum(1)  # (heads, k)
+            saved.setdefault(("text_received", layer), []).append(saved_copy(received.transpose(0, 1)))
+
+
+def text_received(saved: dict[Any, list[torch.Tensor]], layers: tuple[int, ...], n: int) -> torch.Tensor:
+    """(key, layer, head): the attention each of the n prompt positions receives from the prompt's
+    text queries, summed over the traces a prompt forward was split into (a kv_swap's head reads
+    keys 0..n-2, its tail all n: each part's sums padded with zeros to n)."""
+    import torch
+    per_layer = []
+    for layer in layers:
+        parts = [torch.nn.functional.pad(part, (0, 0, 0, n - part.shape[0])) for part in saved[("text_received", layer)]]
+        per_layer.append(torch.stack(parts).sum(0))
+    return torch.stack(per_layer, dim=1)
 
 
 
@@ -92,4 +112,5 @@ def capture(plan: CapturePlan, layers: tuple[int, ...]) -> None:
 
 register_site(Site("attention", 4, index="decoder_layer", access="attention", phase=3, steps="decode", capture=capture,
                    stores={"prefill_vision_mass": ("token", "decoder_layer", "head"),
+                           "prefill_text_attention": ("token", "decoder_layer", "head"),
                            "decode_attention": ("token", "step", "decoder_layer", "head")}))

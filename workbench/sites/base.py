@@ -66,7 +66,7 @@ class Site(Record):
       `Architecture.key_projection_call`), `attention`, `cache`, `head` (read by their captures)
     phase: where inside its stage (a decoder layer, for `decoder_layer` sites) a read happens, a
       number: 0 edits, 1 reads at the input; inside a decoder layer `keys_pre` 2, `attention` 3,
-      `attn_out` 4, `mlp_out` 5, the layer's own output `LAYER_OUTPUT_PHASE` (a site between two
+      `attn_heads` 3.5, `attn_out` 4, `mlp_out` 5, the layer's own output `LAYER_OUTPUT_PHASE` (a site between two
       takes a number between theirs, e.g. 4.5); an editable site read inside its stage is edited
       at its own phase, just before it is read
     steps: `prefill`: read in the prompt forward only; `decode`: also at every decode step
@@ -82,7 +82,7 @@ class Site(Record):
     stores: dict[str, tuple[str, ...]]
     editable: bool
     access: str
-    phase: int
+    phase: float
     steps: str
     tensor: Callable[..., Any] | None
     capture: Callable[..., str | None] | None

@@ -7,9 +7,10 @@ and pyvene's activation-patching sweeps)::
              positions: [vision, text, boundary, last], direction: both}
 
 A scan is a sweep of one patch (`workbench.spec.sweeps`): its variables are `l` (the patched
-layer; `layer` names a dim of the store), `pos` (the position group) and, with `direction:
-both`, `dir`. Runs are named as a sweep's are: `trace[l=1,pos=vision]`, or
-`trace[dir=noising,l=1,pos=vision]`.
+layer; `layer` names a dim of the store), `pos` (the position group), with `direction: both`
+`dir`, and with `heads` (site `attn_heads` only: the heads' outputs before the output
+projection) `h`, one head patched at a time. Runs are named as a sweep's are:
+`trace[l=1,pos=vision]`, `trace[dir=noising,l=1,pos=vision]` or `trace[l=1,h=2,pos=vision]`.
 
 - denoising (the default): the corrupt condition's inputs and interventions, the site's value at
   `pos` of layer `l` copied from the clean condition (how much of the clean output one site restores);
@@ -27,19 +28,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import Field, PlainValidator
+from pydantic import Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from .fields import ConditionName, _fail, _fail_many, _index_list, _one_of, _positions
 from .kinds import SpecModel
 from .problems import SpecPath, _got
 
-SCAN_SITES = ("layer", "attn_out", "mlp_out")
+SCAN_SITES = ("layer", "attn_out", "mlp_out", "attn_heads")
 DIRECTIONS = ("denoising", "noising", "both")
 DEFAULT_POSITIONS = ("vision", "text", "boundary", "last")
 # the variables of a scan's runs (sweep variables: coordinates of the store, words where they are)
-LAYER_VAR, POSITION_VAR, DIRECTION_VAR = "l", "pos", "dir"
+LAYER_VAR, POSITION_VAR, DIRECTION_VAR, HEAD_VAR = "l", "pos", "dir", "h"
 BASE_VAR, DONOR_VAR, SITE_VAR = "scan_base", "scan_donor", "scan_site"
+# an attribution scan's runs also store its method, metric and tokens (`workbench.attribution`)
+METHOD_VAR, METRIC_VAR, TOKENS_VAR = "scan_method", "scan_metric", "scan_tokens"
+METHODS = ("patching", "attribution")
+ATTRIBUTION_METRICS = ("logit_diff", "answer_logprob")
+
+
+def _token_ids(value: Any) -> list[int]:
+    if not isinstance(value, list):
+        _fail(f"{_got(value)}; expected a list of token ids")
+    return _index_list(value, "token id")
 
 
 def _position_group(value: Any) -> str:
@@ -73,12 +84,42 @@ def _position_groups(value: Any) -> list[str]:
 class Scan(SpecModel):
     clean: ConditionName             # the run whose output the patches restore (denoising's donor)
     corrupt: ConditionName           # the run they restore it into (denoising's base)
-    site: Annotated[Literal["layer", "attn_out", "mlp_out"], _one_of(SCAN_SITES)] = "layer"
+    site: Annotated[Literal["layer", "attn_out", "mlp_out", "attn_heads"], _one_of(SCAN_SITES)] = "layer"
     layers: Annotated[list[int], PlainValidator(lambda v: _index_list(v, "layer index") if isinstance(v, list)
                                                  else _fail(f"{_got(v)}; expected a list of layer indices"))]
     positions: Annotated[list[str], PlainValidator(_position_groups)] = Field(
         default_factory=lambda: list(DEFAULT_POSITIONS))
     direction: Annotated[Literal["denoising", "noising", "both"], _one_of(DIRECTIONS)] = "denoising"
+    heads: Annotated[list[int] | None, PlainValidator(lambda v: None if v is None else _index_list(v, "head index")
+                                                      if isinstance(v, list) else
+                                                      _fail(f"{_got(v)}; expected a list of head indices"))] = None
+
+    method: Annotated[Literal["patching", "attribution"], _one_of(METHODS)] = "patching"
+    metric: Annotated[Literal["logit_diff", "answer_logprob"] | None,
+                      PlainValidator(lambda v: None if v is None else _one_of(ATTRIBUTION_METRICS).func(v))] = None
+    tokens: Annotated[list[int] | None, PlainValidator(lambda v: None if v is None else _token_ids(v))] = None
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> "Scan":
+        problems: list[tuple[SpecPath, str]] = []
+        if self.heads is not None and self.site != "attn_heads":
+            problems.append((("heads",), "a scan over heads patches the heads' outputs; expected site: attn_heads "
+                             f"beside 'heads' (got site: {self.site})"))
+        if self.method == "patching":
+            problems += [((f,), f"real patching takes its metric at analysis (`workbench analyze STORE patching "
+                          f"--metric ...`); expected '{f}' only with method: attribution")
+                         for f in ("metric", "tokens") if getattr(self, f) is not None]
+        elif self.metric is None:
+            problems.append((("metric",), "attribution patching estimates one metric's gradient at run time; "
+                             f"expected metric: {' or '.join(ATTRIBUTION_METRICS)}"))
+        elif self.metric == "logit_diff" and (self.tokens is None or len(self.tokens) != 2):
+            problems.append((("tokens",), f"{_got(self.tokens)}; expected two token ids [a, b] for the logit "
+                             "difference ln p(a) − ln p(b)"))
+        elif self.metric == "answer_logprob" and self.tokens is not None:
+            problems.append((("tokens",), "answer_logprob reads each sample's answer; expected no 'tokens'"))
+        if problems:
+            _fail_many(problems)
+        return self
 
     def axes(self) -> tuple[tuple[tuple[str, ...], tuple[list[Any], ...]], ...]:
         """The factors of its runs' product (`workbench.spec.sweeps.Axis`): direction (with
@@ -87,6 +128,8 @@ class Scan(SpecModel):
         if self.direction == "both":
             axes.append(((DIRECTION_VAR,), (["denoising", "noising"],)))
         axes.append(((LAYER_VAR,), (list(self.layers),)))
+        if self.heads is not None:
+            axes.append(((HEAD_VAR,), (list(self.heads),)))
         axes.append(((POSITION_VAR,), (list(self.positions),)))
         return tuple(axes)
 
@@ -100,13 +143,18 @@ class Scan(SpecModel):
     def patch_entry(self, assignment: Mapping[str, Any]) -> dict[str, Any]:
         """The run's patch, as a spec entry (validated by the patch kind's model)."""
         _, _, donor = self.roles(assignment)
-        return {"kind": "patch", "site": self.site, "layers": [assignment[LAYER_VAR]],
-                "positions": assignment[POSITION_VAR], "from": donor}
+        entry = {"kind": "patch", "site": self.site, "layers": [assignment[LAYER_VAR]],
+                 "positions": assignment[POSITION_VAR], "from": donor}
+        return {**entry, "heads": [assignment[HEAD_VAR]]} if HEAD_VAR in assignment else entry
 
     def stored(self, assignment: Mapping[str, Any]) -> dict[str, Any]:
         """What a run stores beside its sweep values (module doc)."""
         direction, base, donor = self.roles(assignment)
-        return {DIRECTION_VAR: direction, BASE_VAR: base, DONOR_VAR: donor, SITE_VAR: self.site}
+        words = {DIRECTION_VAR: direction, BASE_VAR: base, DONOR_VAR: donor, SITE_VAR: self.site}
+        if self.method == "attribution":
+            words.update({METHOD_VAR: self.method, METRIC_VAR: str(self.metric),
+                          TOKENS_VAR: ",".join(str(t) for t in self.tokens or ())})
+        return words
 
 
 def scan_problems(name: str, scan: Scan, conditions: Mapping[str, Any]) -> list[tuple[SpecPath, str]]:
@@ -125,6 +173,12 @@ def scan_problems(name: str, scan: Scan, conditions: Mapping[str, Any]) -> list[
         elif conditions[target].kv_swap is not None:
             problems.append((path, f"condition '{target}' has a kv_swap (its cache is edited between two traces); "
                              "expected a condition whose prompt forward a patch can edit"))
+    if scan.method == "attribution":  # its hooks reproduce a forward of an image alone (`workbench.attribution`)
+        for field in ("clean", "corrupt"):
+            target = conditions.get(getattr(scan, field))
+            if target is not None and not target.runs_many and target.interventions:
+                problems.append((("conditions", name, "scan", field), f"condition '{getattr(scan, field)}' has "
+                                 "interventions; expected, for method: attribution, a condition of an image only"))
     if scan.clean == scan.corrupt:
         problems.append((("conditions", name, "scan", "corrupt"), f"clean and corrupt are both '{scan.clean}'; "
                          "expected two different conditions"))

@@ -226,6 +226,9 @@ class BackendSpec(_Model):
     # a model larger than one GPU: spread over every visible device by accelerate (captures are
     # gathered to the host as always)
     device_map: Annotated[Literal["auto", "balanced", "sequential"], _one_of(("auto", "balanced", "sequential"))] | None = None
+    # remote: the consecutive samples one NDIF job runs, in one nnsight session (one queue wait for
+    # all their conditions, a scan's or a sweep's runs included); 1: a job per sample
+    samples_per_job: PositiveInt = 1
 
 
 class Spec(_Model):
@@ -261,7 +264,7 @@ class Spec(_Model):
     def _cross_references(self) -> "Spec":
         problems = _reference_problems(self.conditions) + _sweep_value_problems(self.conditions)
         problems += _site_role_problems(self) + _capture_dim_problems(self) + (_source_cycle_problems(self.conditions) if not problems else [])
-        problems += _remote_kind_problems(self)
+        problems += _remote_kind_problems(self) + remote_attribution_problems(self)
         if problems:
             _fail_many(problems)
         return self
@@ -424,6 +427,21 @@ def _remote_kind_problems(spec: "Spec") -> list[tuple[SpecPath, str]]:
                 problems.append((("conditions", name, "interventions", j, "kind"),
                                  f"kind {iv.kind!r}{where} {problem}; expected {expected}"))
     return problems
+
+
+def remote_attribution_problems(spec: "Spec", remote: bool = False) -> list[tuple[SpecPath, str]]:
+    """Attribution needs gradients, which NDIF does not return (`workbench.attribution`): a scan
+    with method: attribution is refused with a remote backend (here for `validate` and a spec's
+    backend kind; `workbench.runner.run_spec` asks the same with `remote` for `run --remote`)."""
+    if spec.backend.kind != "remote" and not remote:
+        return []
+    return [(("conditions", name, "scan", "method"), ATTRIBUTION_REMOTE) for name, cond in spec.conditions.items()
+            if cond.scan is not None and cond.scan.method == "attribution"]
+
+
+ATTRIBUTION_REMOTE = ("attribution patching needs gradients (a backward pass through the model), which NDIF does not "
+                      "return (its traces run under inference mode and send back saved values only); expected backend "
+                      "kind 'local' for it, or method: patching (real patching) remotely")
 
 
 def _condition_sources(cond: Condition) -> list[tuple[SpecPath, str]]:

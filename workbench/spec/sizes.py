@@ -62,6 +62,7 @@ class DeclaredSizes:
 
     conditions: list[str] = field(default_factory=list)
     sweeps: dict[str, dict[str, SweepCount]] = field(default_factory=dict)  # condition -> variable -> count
+    scans: set[str] = field(default_factory=set)  # the conditions of `sweeps` that are scans (their grid's factors)
     n: int | None = None  # None: DataSpec's default, far below any limit
     source: str = "builtin"
     exclude: tuple[str, ...] = ()
@@ -125,9 +126,11 @@ def size_problems(sizes: DeclaredSizes, limits: Limits) -> list[tuple[SpecPath, 
         # the hint names what the whole spec needs: raising the limit to this sweep's count alone would
         # still refuse a spec whose other conditions add to it
         overall = "" if capped or total == count else f", {_fmt(total)} with the other conditions"
-        problems.append((("conditions", name, "sweep"),
-                         f"the sweep expands to {what} conditions ({factors}){overall}; the limit is "
-                         f"{_fmt(limits.conditions)} conditions; expected fewer sweep values, "
+        kind = "scan" if name in sizes.scans else "sweep"
+        fewer = "layers, position groups or heads" if kind == "scan" else "sweep values"
+        problems.append((("conditions", name, kind),
+                         f"the {kind} expands to {what} conditions ({factors}){overall}; the limit is "
+                         f"{_fmt(limits.conditions)} conditions; expected fewer {fewer}, "
                          f"{_raise_hint('conditions', count if capped else total)}"))
     if not problems and total > limits.conditions:
         parts = ", ".join(f"{name}: {_fmt(c)}" for name, c in per_condition.items() if c > 1)
@@ -159,6 +162,10 @@ def _declared_from_data(data: Mapping[str, Any]) -> DeclaredSizes:
                 counts = {str(v): SweepCount(_listed(vals)) for v, vals in sweep.items() if _listed(vals)}
                 if counts:
                     sizes.sweeps[str(name)] = counts
+            scan = condition.get("scan") if isinstance(condition, Mapping) else None
+            if isinstance(scan, Mapping):
+                sizes.sweeps[str(name)] = _scan_counts(scan)
+                sizes.scans.add(str(name))
     section = data.get("data")
     if isinstance(section, Mapping):
         n = section.get("n")
@@ -170,6 +177,21 @@ def _declared_from_data(data: Mapping[str, Any]) -> DeclaredSizes:
     limits = data.get("limits")
     sizes.limits = dict(limits) if isinstance(limits, Mapping) else {}
     return sizes
+
+
+def _scan_counts(scan: Mapping[str, Any]) -> dict[str, SweepCount]:
+    """A scan's grid factors (`workbench.spec.scans.Scan.axes`): its layers, heads, position
+    groups (4 by default) and, with `direction: both`, 2 directions."""
+    from .scans import DEFAULT_POSITIONS
+
+    counts = {"l": SweepCount(_listed(scan.get("layers")))}
+    if isinstance(scan.get("heads"), list):
+        counts["h"] = SweepCount(len(scan["heads"]))
+    positions = scan.get("positions")
+    counts["pos"] = SweepCount(len(positions) if isinstance(positions, list) else len(DEFAULT_POSITIONS))
+    if scan.get("direction") == "both":
+        counts["dir"] = SweepCount(2)
+    return counts
 
 
 def _listed(values: Any) -> int:

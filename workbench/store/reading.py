@@ -172,7 +172,7 @@ def _sweep_label(value: Any) -> float | str:
 def _concat(parts: list[xr.Dataset], dim: str, fill: dict[str, str]) -> xr.Dataset:
     # a condition without a sweep variable gets NaN there (baseline has no alpha), or "" where
     # the variable's values are words (parts=keys)
-    words = {c for part in parts for c in fill if c in part.coords and part[c].dtype.kind in "UO"}
+    words = {c for part in parts for c in fill if c in part.coords and part[c].dtype.kind in "UOT"}
     for i, part in enumerate(parts):
         size = part.sizes.get(dim, 0)
         parts[i] = part.assign_coords({c: (dim, np.full(size, "" if c in words else np.nan)) for c in fill
@@ -198,7 +198,9 @@ def _open_model(store: Any, root: zarr.Group, key: str, index: bool = True) -> x
     if not token_parts:
         return xr.Dataset(attrs=dict(model_group.attrs))
     tokens = _concat(token_parts, "token", {v: v for v in sweep_vars})
-    runs = _concat(run_parts, "run", {RUN_PREFIX + v: v for v in sweep_vars})
+    # a run's text labels where only some conditions have them (an attribution scan's runs generate no text): ""
+    texts = {name: name for name in RUN_TEXT_LABELS if any(name in part.coords for part in run_parts)}
+    runs = _concat(run_parts, "run", {**{RUN_PREFIX + v: v for v in sweep_vars}, **texts})
     tokens = _label_index(tokens, "token", ["condition", *sweep_vars, "sample", "position", "modality", "token_id"], index)
     runs = _label_index(runs, "run", ["run_condition", *(RUN_PREFIX + v for v in sweep_vars), "run_sample"], index)
     parts = [tokens, runs]

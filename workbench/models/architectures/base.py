@@ -73,6 +73,8 @@ class Architecture(Record):
     per_token_keys: model inputs with one entry per token (truncated with the prompt, e.g. kv_swap)
     branch_outputs: {site: module path inside a decoder layer} of the decoder-layer sites
       `attn_out`, `mlp_out`: the module whose output is what each branch adds to the residual stream
+    output_projection_call: the `.source` name of the output projection's call in the
+      self-attention forward (site `attn_heads`: its input, the heads' outputs concatenated)
     key_projection_call: the `.source` name of the key projection's call in the self-attention
       forward (site `keys_pre`: k_proj's output, before any norm or RoPE). Read through `.source`,
       not as the module `self_attn.k_proj`: nnsight cannot serve `.source` operations of a forward
@@ -126,13 +128,14 @@ class Architecture(Record):
     per_token_keys: tuple[str, ...]
     branch_outputs: dict[str, str]
     key_projection_call: str
+    output_projection_call: str
     tiny: str | None
     client: str | None
     _fields = ("family", "model_class", "config_architectures", "embed", "decoder_layers", "final_norm",
                "lm_head", "vision", "vision_layers", "vision_output", "vision_config", "projector", "projector_merger", "projector_parts", "image_token",
                "boundary_tokens", "boundary_patterns", "text_config", "mrope", "deepstack", "prefix_lm",
                "position_offset", "tower_prefix_rows", "attention_call", "nest_images",
-               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "logit_scale", "logit_softcap",
+               "drop_keys", "per_token_keys", "branch_outputs", "key_projection_call", "output_projection_call", "logit_scale", "logit_softcap",
                "router", "router_logits", "geometry", "cross_attention_layers", "layer_types", "attention_types",
                "packed_connector", "hub_id", "tiny", "client")
     _defaults = {"vision": None, "vision_layers": None, "vision_output": None, "vision_config": "vision_config",
@@ -143,6 +146,7 @@ class Architecture(Record):
                  "attention_call": "attention_interface_1", "nest_images": False,
                  "drop_keys": ("token_type_ids",), "per_token_keys": ("input_ids", "attention_mask"),
                  "branch_outputs": BRANCH_OUTPUTS, "key_projection_call": "self_k_proj_0",
+                 "output_projection_call": "self_o_proj_0",
                  "logit_scale": None, "logit_softcap": None, "router": None, "router_logits": 0,
                  "geometry": None, "cross_attention_layers": None, "layer_types": None,
                  "attention_types": ("full_attention", "sliding_attention"), "packed_connector": False,

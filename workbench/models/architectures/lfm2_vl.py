@@ -34,6 +34,7 @@ LFM2_VL = Architecture(
     boundary_tokens=("<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"),
     boundary_patterns=(r"<\|img_row_\d+_col_\d+\|>",),
     branch_outputs={"attn_out": "self_attn", "mlp_out": "feed_forward"},
+    output_projection_call="self_out_proj_0",  # Lfm2Attention's projection is `out_proj`
     layer_types="layer_types",
     # the projector reads one grid of every image's patches (`get_image_features`): batch dim 1
     packed_connector=True,
