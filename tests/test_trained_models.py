@@ -33,7 +33,7 @@ def test_checkpoints_resolve_by_name_and_by_directory(trained):
     for name, directory in trained.items():
         record = json.loads((directory / "trained_model.json").read_text())
         recipe = RECIPES[name]
-        assert [s["stage"] for s in record["stages"]] == ["vocab", "align", "finetune"]
+        assert [s["stage"] for s in record["stages"]] == ["vocab", "align", "colours", "finetune"]
         assert record["step"] == recipe.total_steps
         steps = checkpoint_steps(name)
         assert steps[0] == 0 and steps[-1] == recipe.total_steps
