@@ -136,7 +136,8 @@ def trained_study_tables(tmp_path_factory, trained):
     return tables
 
 
-@pytest.mark.xfail(reason="the 800-step recipe does not yet make the trained models read the image", strict=False)
+@pytest.mark.xfail(reason="the blank image moves both answers (KL > 0.5), but a hundredfold smaller "
+                   "projector output moves one model's by a KL of about 0.3 only", strict=False)
 @pytest.mark.slow  # minutes of CPU: `make test-slow` (CI runs it)
 def test_study_specs_on_the_trained_models_print_tables_that_mean_something(trained_study_tables):
     """Where the random models give KLs in the thousandths, the trained ones read the image: a blank

@@ -33,7 +33,7 @@ def test_checkpoints_resolve_by_name_and_by_directory(trained):
     for name, directory in trained.items():
         record = json.loads((directory / "trained_model.json").read_text())
         recipe = RECIPES[name]
-        assert [s["stage"] for s in record["stages"]] == ["vocab", "align", "finetune"]
+        assert [s["stage"] for s in record["stages"]] == ["vocab", "align", "colours", "finetune"]
         assert record["step"] == recipe.total_steps
         steps = checkpoint_steps(name)
         assert steps[0] == 0 and steps[-1] == recipe.total_steps
@@ -76,9 +76,9 @@ def _value(data, var, **sel) -> float:
     return float(picked.values.item())
 
 
-# The target. The recipe as it stands (800 steps) ends with a training loss near chance on
-# the answer token: the tiny vision towers do not yet learn the shapes, so this fails.
-TARGET_NOT_REACHED = pytest.mark.xfail(reason="the 800-step recipe does not reach 90% held-out accuracy", strict=False)
+# The target. The recipe as it stands (3000 steps) reads the image (colour and count best)
+# but tells the shapes apart too rarely: about 46% (SmolVLM) and 36% (Qwen3-VL) held out, so this fails.
+TARGET_NOT_REACHED = pytest.mark.xfail(reason="the 3000-step recipe does not reach 90% held-out accuracy", strict=False)
 
 
 @TARGET_NOT_REACHED
@@ -94,7 +94,6 @@ def test_trained_models_answer_held_out_samples_and_need_the_image(behaviour):
         assert abs(real - blank) <= 0.1, name
 
 
-@TARGET_NOT_REACHED
 @pytest.mark.slow   # shares the store above
 def test_the_trained_models_read_the_image(behaviour):
     acc, alpha, kv = behaviour["accuracy"].data, behaviour["alpha"].data, behaviour["kv-substitution"].data
