@@ -133,7 +133,7 @@ def test_the_estimate_counts_a_scans_forwards_as_the_backend_issues_them(load_ti
     scan's runs none of their own but a forward of its base and its donor per sample."""
     import math
 
-    from workbench.backends.local import group_rows, run_rows, want_sources
+    from workbench.backends.local import Job, group_rows, run_rows, want_sources
     from workbench.data import builtin_samples
     from workbench.runner import LazyInputs, compile_all
     from workbench.spec import parse_spec
@@ -145,7 +145,7 @@ def test_the_estimate_counts_a_scans_forwards_as_the_backend_issues_them(load_ti
     traced = []
     for sample in builtin_samples(2):
         inputs = LazyInputs(model, sample)
-        jobs = [(inputs, c) for c in real]
+        jobs = [Job(inputs, c) for c in real]
         memo = want_sources(jobs, {})
         for group in group_rows(jobs, plan.batch_size, model.arch.per_token_keys):
             run_rows(model, [jobs[i] for i in group], plan, on_trace=traced.append, memo=memo)

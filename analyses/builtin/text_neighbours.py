@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 from .. import neighbours, overlays
 from ..commands import DEFAULT_OVERLAY_SAMPLES
 from ..figures import FigureFile, Plot, two_layers
-from ..plotting import layer_axis, not_stored
+from ..plotting import layer_axis
 from ..registry import Analysis, register_analysis
 from ..streaming import as_str
 from ..tables import Builder, Options, Table, missing
@@ -124,18 +124,21 @@ def text_neighbours_patches(models: dict[str, xr.Dataset], options: Options, out
         samples = read_out if options.samples else read_out[:DEFAULT_OVERLAY_SAMPLES]
         images, _ = overlays.sample_images(ds, samples)
         for sample in samples:
-            rows.append((model, ds, sample, images.get(sample), result))
+            where = overlays.patches(ds, overlays.token_rows(ds, options.reference, sample), images.get(sample))
+            if where is None:   # nothing to outline: no panel of it
+                lacking.append(f"{model} {sample}: no vision token has a place in the image")
+                continue
+            rows.append((model, sample, images.get(sample), where, result))
     if not rows:
         return plot.skip("; ".join(lacking) or "no model in the store")
-    fig, axes = plot.grid(len(rows), 2, width=5.2, height=4.2)
-    for i, (model, ds, sample, image, result) in enumerate(rows):
-        where = overlays.patches(ds, overlays.token_rows(ds, options.reference, sample), image)
+    def shown_layers(result: xr.Dataset) -> list[int]:   # the middle and the last stored layer
         layers = [int(l) for l in result.layer.values]
-        for j, layer in enumerate(dict.fromkeys([layers[len(layers) // 2], layers[-1]])):
+        return list(dict.fromkeys([layers[len(layers) // 2], layers[-1]]))
+
+    fig, axes = plot.grid(len(rows), max(len(shown_layers(r[-1])) for r in rows), width=5.2, height=4.2)
+    for i, (model, sample, image, where, result) in enumerate(rows):
+        for j, layer in enumerate(shown_layers(result)):
             ax = axes[i, j]
-            if where is None:
-                not_stored(ax, "no vision token of this sample has a place")
-                continue
             width, height = where.size
             shown = np.asarray(image.convert("RGB")) if image is not None else np.full((1, 1, 3), 0.85)
             ax.imshow(shown, extent=(0, width, height, 0), interpolation="nearest")

@@ -3,6 +3,7 @@ message must hold. The spec layer's tests, the CLI's and the fuzzed fault drills
 
 from __future__ import annotations
 
+from workbench.extend import intervention_kinds
 from workbench.spec import TINY_MODEL_NAMES
 from workbench.models.refs import TRAINED_MODEL_NAMES
 
@@ -75,7 +76,7 @@ BAD_SPECS = {
         mutate("kind: zero", "kind: ablate"),
         "conditions.patched.interventions[1].kind",
         24,
-        "got 'ablate' (str); expected one of 'add', 'normalize', 'patch', 'scale', 'zero'",
+        "got 'ablate' (str); expected one of " + ", ".join(repr(k) for k in sorted(intervention_kinds())),
     ),
     "missing intervention kind": (
         mutate("{kind: zero, site", "{site"),
