@@ -108,3 +108,34 @@ def test_tables_on_worker_processes_equal_the_local_schedulers(store):
         executed = executed_on_workers(running.scheduler_address)
     assert remote == local and len(executed) == 2 and all(executed.values()), executed
     assert_no_global_client()
+
+
+READOUT_SPEC = """\
+name: readouts
+models: [tiny-qwen3vl]
+data: {{source: builtin, n: 10}}
+conditions: {{baseline: {{}}, blank: {{image: blank}}}}
+capture: [{{site: layer, layers: all}}, {{site: embed_lens}}, {{site: logit_lens}}]
+store: {{path: {store}}}
+"""
+
+
+@pytest.mark.slow   # ~1 min: one tiny run into a local and an s3 store, three readouts each
+def test_probe_and_text_neighbours_read_the_same_from_s3_and_on_the_cluster(s3, cluster, tmp_path):
+    """The activation readouts read the store only: a store in object storage, and a dask cluster,
+    give the tables a local store gives."""
+    import yaml
+
+    import workbench
+
+    tables: dict[str, str] = {}
+    for kind, where in (("local", str(tmp_path / "local.zarr")), ("s3", s3(name="readouts"))):
+        workbench.run(workbench.Spec.from_dict(yaml.safe_load(READOUT_SPEC.format(store=where))), device="cpu",
+                      progress=False)
+        argv = ["analyze", where, "probe", "text-neighbours", "--label", "category", "--force"]
+        tables[kind] = printed(argv)
+        if kind == "local":
+            tables["cluster"] = printed([*argv, "--scheduler", cluster.scheduler_address])
+    assert "### Linear probes of 'category'" in tables["local"] and "nearest" in tables["local"].lower()
+    assert tables["s3"] == tables["local"] == tables["cluster"]
+    assert_no_global_client()
