@@ -15,28 +15,15 @@ memory bounded by the block and the queries, not by the store).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import REPO
+from .memory import child_memory, report
 
 CHILD = """
-import json, sys
-from analyses import neighbours, streaming
-from analyses.tables import open_models
-
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
-
-streaming.BLOCK_BYTES = int(sys.argv[2])
-ds = open_models(sys.argv[1])["syn/probe"]
+from analyses import neighbours
 samples = neighbours.query_samples(ds, "baseline")
 neighbours.id_texts(ds)                                   # labels read before the idle mark
 idle = status("VmRSS")
@@ -54,18 +41,11 @@ def measure(n_samples: int, n_text: int, n_vision: int, layers: int, dim: int, b
     try:
         store = root / "neighbours.zarr"
         write_probe_store(store, n_samples=n_samples, n_layers=layers, dim=dim, n_vision=n_vision, n_text=n_text, seed=1)
-        block = int(block_mb * 2**20)
-        done = subprocess.run([sys.executable, "-c", CHILD, str(store), str(block)], capture_output=True, text=True,
-                              cwd=REPO, timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if done.returncode != 0:
-            raise RuntimeError(f"text-neighbours failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        out = child_memory(CHILD, store, int(block_mb * 2**20), "text-neighbours")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    growth = out["peak_rss"] - out["idle_rss"]
     held = out["queries"] * (layers + 1) * dim * 8            # the queries' unit vectors (float64)
-    return {**out, "block_bytes": block, "store_over_block": out["hidden_bytes"] / block, "growth": growth,
-            "queries_bytes": held, "samples": n_samples, "text_tokens": n_text, "vision_tokens": n_vision,
+    return {**out, "queries_held": held, "samples": n_samples, "text_tokens": n_text, "vision_tokens": n_vision,
             "layers": layers + 1, "dim": dim}
 
 
@@ -81,18 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     arms = [measure(args.samples, n, args.vision_tokens, args.layers, args.dim, args.block_mb)
             for n in (args.text_tokens // 4, args.text_tokens)]
-    mb = 1e6
-    for result in arms:
-        print(f"hidden {result['hidden_bytes'] / mb:.1f} MB = {result['store_over_block']:.1f} × the block bound "
-              f"({result['block_bytes'] / mb:.1f} MB); peak RSS {result['peak_rss'] / mb:.0f} MB, idle "
-              f"{result['idle_rss'] / mb:.0f} MB: growth {result['growth'] / mb:.1f} MB (queries held: "
-              f"{result['queries_bytes'] / mb:.2f} MB)")
-    result = {"arms": arms, "store_ratio": arms[1]["hidden_bytes"] / arms[0]["hidden_bytes"],
-              "growth_ratio": arms[1]["growth"] / arms[0]["growth"]}
-    print(f"store × {result['store_ratio']:.2f} -> peak growth × {result['growth_ratio']:.2f}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    report(arms, "queries_held", args.out)
     return 0
 
 

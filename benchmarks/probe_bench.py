@@ -17,28 +17,15 @@ features (samples × 5 groups × layers × dim × 8 B per condition), named besi
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import REPO
+from .memory import child_memory, report
 
 CHILD = """
-import json, sys
-from analyses import probe, streaming
-from analyses.tables import open_models
-
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
-
-streaming.BLOCK_BYTES = int(sys.argv[2])
-ds = open_models(sys.argv[1])["syn/probe"]
+from analyses import probe
 probe.sample_labels(ds, "colour"); streaming.layout(ds, "token")   # labels read before the idle mark
 idle = status("VmRSS")
 result = probe.probe_results(ds, "colour", cache=False)
@@ -55,20 +42,12 @@ def measure(n_samples: int, n_vision: int, layers: int, dim: int, block_mb: floa
     try:
         store = root / "probe.zarr"
         write_probe_store(store, n_samples=n_samples, n_layers=layers, dim=dim, n_vision=n_vision, seed=1)
-        block = int(block_mb * 2**20)
-        done = subprocess.run([sys.executable, "-c", CHILD, str(store), str(block)], capture_output=True, text=True,
-                              cwd=REPO, timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if done.returncode != 0:
-            raise RuntimeError(f"probe failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        out = child_memory(CHILD, store, int(block_mb * 2**20), "probe")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    growth = out["peak_rss"] - out["idle_rss"]
     features = 2 * n_samples * 5 * (layers + 1) * dim * 8   # two conditions' per-sample features (float64)
-    return {**out, "block_bytes": block, "store_over_block": out["hidden_bytes"] / block, "growth": growth,
-            "growth_over_block": growth / block, "growth_over_store": growth / out["hidden_bytes"],
-            "features_bytes": features, "samples": n_samples, "vision_tokens": n_vision, "layers": layers + 1,
-            "dim": dim}
+    return {**out, "per_sample_features_held": features, "samples": n_samples, "vision_tokens": n_vision,
+            "layers": layers + 1, "dim": dim}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,19 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     arms = [measure(args.samples, n, args.layers, args.dim, args.block_mb)
             for n in (args.vision_tokens // 4, args.vision_tokens)]
-    mb = 1e6
-    for result in arms:
-        print(f"hidden {result['hidden_bytes'] / mb:.1f} MB = {result['store_over_block']:.1f} × the block bound "
-              f"({result['block_bytes'] / mb:.1f} MB); peak RSS {result['peak_rss'] / mb:.0f} MB, idle "
-              f"{result['idle_rss'] / mb:.0f} MB: growth {result['growth'] / mb:.1f} MB "
-              f"(per-sample features held: {result['features_bytes'] / mb:.1f} MB); baseline vision accuracy at "
-              f"the last layer {result['vision_accuracy_last_layer']:.2f}")
-    result = {"arms": arms, "store_ratio": arms[1]["hidden_bytes"] / arms[0]["hidden_bytes"],
-              "growth_ratio": arms[1]["growth"] / arms[0]["growth"]}
-    print(f"store × {result['store_ratio']:.2f} -> peak growth × {result['growth_ratio']:.2f}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    report(arms, "per_sample_features_held", args.out)
+    accuracies = ", ".join(f"{arm['vision_accuracy_last_layer']:.2f}" for arm in arms)
+    print(f"baseline vision accuracy at the last layer: {accuracies}")
     return 0
 
 
