@@ -84,6 +84,27 @@ class _Shape:
     color: str
 
 
+@dataclass(frozen=True)
+class SceneObject:
+    """One shape as drawn: its kind and colour, the pixel box PIL filled (inclusive corners) and
+    its grid cell."""
+
+    kind: str
+    color: str
+    box: tuple[int, int, int, int]
+    cell: tuple[int, int]  # (col, row)
+
+
+def _paint(pen: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, int], fill: Any) -> None:
+    x0, y0, x1, y1 = box
+    if kind == "circle":
+        pen.ellipse(box, fill=fill)
+    elif kind == "square":
+        pen.rectangle(box, fill=fill)
+    else:
+        pen.polygon([(x0 + (x1 - x0 + 1) // 2, y0), (x1, y1), (x0, y1)], fill=fill)
+
+
 class _Canvas:
     """A white-ish image divided into a grid of cells, one shape per cell."""
 
@@ -94,6 +115,7 @@ class _Canvas:
         background = tuple(rng.randint(235, 255) for _ in range(3))
         self.image = Image.new("RGB", (self.width, self.height), background)
         self.rng = rng
+        self.objects: list[SceneObject] = []
 
     def free_cells(self, count: int) -> list[tuple[int, int]]:
         cells = [(col, row) for row in range(self.rows) for col in range(self.cols)]
@@ -105,14 +127,20 @@ class _Canvas:
         x0 = col * self.cell + self.rng.randint(0, slack)
         y0 = row * self.cell + self.rng.randint(0, slack)
         box = (x0, y0, x0 + size - 1, y0 + size - 1)
-        fill = COLORS[shape.color]
-        pen = ImageDraw.Draw(self.image)
-        if shape.kind == "circle":
-            pen.ellipse(box, fill=fill)
-        elif shape.kind == "square":
-            pen.rectangle(box, fill=fill)
-        else:
-            pen.polygon([(x0 + size // 2, y0), (box[2], box[3]), (x0, box[3])], fill=fill)
+        _paint(ImageDraw.Draw(self.image), shape.kind, box, COLORS[shape.color])
+        self.objects.append(SceneObject(shape.kind, shape.color, box, (col, row)))
+
+
+def object_mask(size: tuple[int, int], objects: Iterable[SceneObject]) -> Any:
+    """A (height, width) uint8 array: 1 + the index of the object drawn at each pixel, 0 on the
+    background; the same PIL calls as the image, so it covers exactly the shapes' pixels."""
+    import numpy as np
+
+    mask = Image.new("L", size, 0)
+    pen = ImageDraw.Draw(mask)
+    for index, obj in enumerate(objects, 1):
+        _paint(pen, obj.kind, obj.box, index)
+    return np.asarray(mask)
 
 
 def _random_shape(rng: random.Random) -> _Shape:
@@ -193,6 +221,12 @@ BUILTIN_EVAL_MODES = {"counting": "numeric", "color": "exact", "shape": "exact",
 
 
 def _builtin_sample(index: int, seed: int) -> Sample:
+    return builtin_scene(index, seed)[0]
+
+
+def builtin_scene(index: int, seed: int = 0) -> tuple[Sample, list[SceneObject]]:
+    """Built-in sample `index` of `seed` and the objects drawn in its image, in drawing order (the
+    trained tiny models' tower stage learns from them; `object_mask` rasterizes them)."""
     # A string seed per sample: deterministic across runs and independent of n.
     rng = random.Random(f"workbench.builtin/{seed}/{index}")
     category = CATEGORIES[index % len(CATEGORIES)]  # round robin: small n spans categories
@@ -200,8 +234,9 @@ def _builtin_sample(index: int, seed: int) -> Sample:
     question, answer = _MAKERS[category](canvas)
     # the seed changes the drawing, so it is part of the id (seed 0 keeps the short form)
     prefix = "builtin" if seed == 0 else f"builtin-seed{seed}"
-    return Sample(f"{prefix}/{category}/{index:03d}", canvas.image, question, category, answer,
-                  BUILTIN_EVAL_MODES[category])
+    sample = Sample(f"{prefix}/{category}/{index:03d}", canvas.image, question, category, answer,
+                    BUILTIN_EVAL_MODES[category])
+    return sample, canvas.objects
 
 
 def builtin_samples(n: int, seed: int = 0) -> list[Sample]:

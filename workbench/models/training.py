@@ -2,13 +2,21 @@
 weights from `tiny.py` redrawn at a fan-in scale, `fan_in_init`) trained on the built-in synthetic
 task (colour, shape, count, position) by plain PyTorch, staged as a VLM's recipe usually is:
 
-1. `vocab`: the language model alone learns the answer vocabulary from the questions without images
+1. `tower`: the vision tower and the projector learn what each vision token covers in the scene
+   (`scene_targets`: the object's colour and kind, its centroid, how many copies of it the image
+   holds, where the token is and where its object stands against the others), as a real VLM starts
+   from a tower pre-trained on images;
+2. `vocab`: the language model alone learns the answer vocabulary from the questions without images
    (it can reach the right kind of answer, not the right answer);
-2. `align`: the projector alone maps the (still random) vision tower into the LLM;
-3. `colours`: every weight, on the colour questions alone: a curriculum, since the colours are the
-   one thing in the image a random tower already tells apart, and a model that has learned to
-   read them leaves the answer prior sooner on the other categories;
+3. `align`: the projector alone maps the tower into the LLM;
 4. `finetune`: every weight, on every category.
+
+The scene targets stay in the loss of every stage with images (a linear head on the vision tokens
+the language model receives, not part of the saved model), so the fine-tune keeps the tower's
+objects apart while the answer is learned.
+
+SmolVLM is trained with 64 px tiles (`retile`): at the tiny model's 32 px the shapes are cut
+across tiles and its tower cannot tell them apart.
 
 The tokenizer is the tiny model's byte-level one plus each answer word as one added token, so the
 answer is one token then the end of the turn: greedy decoding of a single step is scored.
@@ -34,9 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..data import CATEGORIES, COLORS, RELATIONS, SHAPES, Sample, builtin_samples
+from ..data import CATEGORIES, COLORS, RELATIONS, SHAPES, Sample, SceneObject, builtin_scene
+from .scene_targets import LanguageModelInputs, SceneHead, token_targets, vision_boxes
 from .refs import TRAINED_MODEL_NAMES, parse_trained_ref
 
 TRAINING_FILE = "trained_model.json"
@@ -54,7 +64,7 @@ THREADS = 1  # fixed: the weights do not depend on the cores; two OpenMP threads
 
 @dataclass(frozen=True)
 class Stage:
-    name: str  # vocab | align | colours | finetune
+    name: str  # tower | vocab | align | finetune
     steps: int
     lr: float
     images: bool  # the prompts carry their image
@@ -65,9 +75,11 @@ class Stage:
 class Recipe:
     base: str  # the tiny model it starts from
     stages: tuple[Stage, ...]
-    n_train: int = 2048  # samples per training seed
+    n_train: int = 4096  # samples per training seed
     batch: int = 32
     checkpoint_every: int = 250
+    # SmolVLM's tile side in px, where it differs from the tiny model's (`retile`)
+    tile: int | None = None
 
     @property
     def total_steps(self) -> int:
@@ -82,29 +94,32 @@ class Recipe:
         return out
 
 
-_STAGES = (Stage("vocab", 50, 3e-3, images=False), Stage("align", 150, 3e-3, images=True),
-           Stage("colours", 400, 3e-3, images=True, categories=("color",)),
-           Stage("finetune", 2400, 3e-3, images=True))
+_STAGES = (Stage("tower", 400, 3e-3, images=True), Stage("vocab", 50, 3e-3, images=False),
+           Stage("align", 150, 3e-3, images=True), Stage("finetune", 2800, 3e-3, images=True))
 RECIPES: dict[str, Recipe] = {
-    "tiny-smolvlm-trained": Recipe(base="tiny-smolvlm", stages=_STAGES),
+    "tiny-smolvlm-trained": Recipe(base="tiny-smolvlm", stages=_STAGES, tile=64),
     "tiny-qwen3vl-trained": Recipe(base="tiny-qwen3vl", stages=_STAGES),
 }
 
 
+Scene = tuple[Sample, list[SceneObject]]
+
+
 class _Batches:
     """Fixed, pre-encoded batches (the processor runs once per sample), each with the positions whose
-    next token is trained (the answer word, then the end of the turn)."""
+    next token is trained (the answer word, then the end of the turn) and, with images, every vision
+    token's scene targets (`scene_targets.token_targets`, in the order of the image tokens)."""
 
-    def __init__(self, model_dir: Path, samples: list[Sample], batch: int, images: bool, rng: random.Random):
+    def __init__(self, model_dir: Path, scenes: list[Scene], batch: int, images: bool, rng: random.Random):
         from .model import InputEncoder, model_info
 
         info = model_info(str(model_dir))
         self.encoder = InputEncoder(info)
         tok = self.encoder.tokenizer
         self.eos = tok.convert_tokens_to_ids(tok.eos_token)
-        order = list(range(len(samples)))
+        order = list(range(len(scenes)))
         rng.shuffle(order)
-        self.batches = [self._encode([samples[i] for i in order[j:j + batch]], images)
+        self.batches = [self._encode([scenes[i] for i in order[j:j + batch]], images)
                         for j in range(0, len(order) - batch + 1, batch)]
 
     def _prompt(self, images: bool) -> tuple[str, str]:
@@ -117,8 +132,9 @@ class _Batches:
         before, after = text.split(marker)
         return before, after
 
-    def _encode(self, samples: list[Sample], images: bool) -> dict[str, torch.Tensor]:
+    def _encode(self, scenes: list[Scene], images: bool) -> dict[str, torch.Tensor]:
         enc = self.encoder
+        samples = [sample for sample, _ in scenes]
         tok = enc.tokenizer
         before, after = self._prompt(images)
         texts = [before + s.question + after + (s.answer or "") + tok.eos_token for s in samples]
@@ -136,7 +152,19 @@ class _Batches:
         batch["target_pos"] = torch.cat([lengths - 3, lengths - 2])
         batch["targets"] = torch.cat([batch["input_ids"][rows, lengths - 2], batch["input_ids"][rows, lengths - 1]])
         assert (batch["targets"][len(samples):] == self.eos).all(), "each answer must be one token"
+        if "pixel_values" in batch:  # held at half the bytes (~5 GB for SmolVLM's 64 px tiles): `_loss` widens them
+            batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        if images:
+            batch["scene"] = torch.from_numpy(np.concatenate([self._scene_targets(*scene) for scene in scenes]))
         return batch
+
+    def _scene_targets(self, sample: Sample, objects: list[SceneObject]) -> np.ndarray:
+        """The targets of the sample's vision tokens, placed by the workbench's patch geometry of
+        the question's prompt (the same image tokens as the trained prompt, which adds the answer)."""
+        assert sample.image is not None
+        inputs = self.encoder.encode(sample.image, sample.question)
+        assert inputs.geometry is not None, "a trained family keeps patch geometry"
+        return token_targets(sample.image.size, objects, vision_boxes(inputs.geometry, inputs.modality))
 
 
 def word_tokenizer(model_dir: Path, model: Any) -> None:
@@ -158,6 +186,30 @@ def word_tokenizer(model_dir: Path, model: Any) -> None:
     model.save_pretrained(model_dir, safe_serialization=True)
 
 
+def retile(model_dir: Path, tile: int) -> None:
+    """Give a tiny SmolVLM in `model_dir` tiles of `tile` px (the tower's image size, the
+    processor's tile and image_seq_len), its weights redrawn from the new config. At the tiny
+    model's 32 px a built-in shape (12-24 px) is cut across tiles and is under a patch in the 32 px
+    global view: the tower alone, on one shape per image, stays at chance (40% held out after 300
+    steps), where 64 px tiles reach 86%."""
+    import transformers
+
+    config = json.loads((model_dir / "config.json").read_text())
+    patch, scale = config["vision_config"]["patch_size"], config["scale_factor"]
+    edits: dict[str, Callable[[dict[str, Any]], None]] = {
+        "config.json": lambda c: c["vision_config"].update(image_size=tile),
+        "preprocessor_config.json": lambda c: c["max_image_size"].update(longest_edge=tile),
+        "processor_config.json": lambda c: c.update(image_seq_len=(tile // patch) ** 2 // scale**2),
+    }
+    for name, edit in edits.items():
+        path = model_dir / name
+        content = json.loads(path.read_text())
+        edit(content)
+        path.write_text(json.dumps(content, indent=2) + "\n")
+    config_obj = transformers.AutoConfig.from_pretrained(model_dir)
+    transformers.SmolVLMForConditionalGeneration(config_obj).save_pretrained(model_dir, safe_serialization=True)
+
+
 def fan_in_init(model: torch.nn.Module) -> None:
     """Redraw every linear, convolution and embedding weight from N(0, 1/fan_in) (biases zero; the
     norms keep their ones). transformers draws them from N(0, initializer_range=0.02), a scale made
@@ -175,13 +227,15 @@ def fan_in_init(model: torch.nn.Module) -> None:
 
 
 def _trainable(model: torch.nn.Module, stage: str, arch: Any) -> list[torch.nn.Parameter]:
-    """The parameters a stage trains: the LM (embeddings, decoder, head), the projector, or all."""
+    """The parameters a stage trains: the tower and projector, the LM (embeddings, decoder, head),
+    the projector, or all."""
     for p in model.parameters():
         p.requires_grad_(False)
-    if stage in ("colours", "finetune"):
+    if stage == "finetune":
         chosen = list(model.parameters())
-    elif stage == "align":
-        chosen = [p for path in arch.projector for m in _modules(model, path) for p in m.parameters()]
+    elif stage in ("tower", "align"):
+        paths = (arch.vision, *arch.projector) if stage == "tower" else arch.projector
+        chosen = list(dict.fromkeys(p for path in paths for m in _modules(model, path) for p in m.parameters()))
     else:
         vision = set(id(p) for m in _modules(model, arch.vision) for p in m.parameters())
         chosen = [p for p in model.parameters() if id(p) not in vision]
@@ -199,7 +253,9 @@ def _modules(model: torch.nn.Module, path: str) -> list[torch.nn.Module]:
 
 
 def _loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs = {k: v for k, v in batch.items() if k not in ("target_rows", "target_pos", "targets")}
+    inputs = {k: v for k, v in batch.items() if k not in ("target_rows", "target_pos", "targets", "scene")}
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].float()
     # the head on the trained positions only (the model's forward would project every position)
     hidden = model.model(**inputs).last_hidden_state[batch["target_rows"], batch["target_pos"]]
     logits = model.lm_head(hidden)
@@ -250,12 +306,16 @@ def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
+            if recipe.tile is not None:
+                retile(base, recipe.tile)
             model = getattr(transformers, arch.model_class).from_pretrained(base, attn_implementation="eager")
             word_tokenizer(base, model)
             fan_in_init(model)
             model.train()
             rng = random.Random(f"workbench.trained/{name}/{seed}")
-            samples = [s for sd in TRAIN_SEEDS for s in builtin_samples(recipe.n_train, sd)]
+            scenes = [builtin_scene(i, sd) for sd in TRAIN_SEEDS for i in range(recipe.n_train)]
+            head = SceneHead(model.config.get_text_config().hidden_size)
+            lm_inputs = LanguageModelInputs(model)
             history: list[dict[str, Any]] = []
             meta = {"name": name, "base": recipe.base, "seed": seed, "stages": recipe.boundaries(),
                     "train_seeds": list(TRAIN_SEEDS), "answer_words": list(ANSWER_WORDS)}
@@ -270,27 +330,33 @@ def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None
             for stage in recipe.stages:
                 key = (stage.images, stage.categories)
                 if key not in encoded:
-                    chosen = [s for s in samples if s.category in stage.categories]
+                    chosen = [s for s in scenes if s[0].category in stage.categories]
                     encoded[key] = _Batches(base, chosen, recipe.batch, stage.images, rng)
                 data = encoded[key]
-                params = _trainable(model, stage.name, arch)
+                params = _trainable(model, stage.name, arch) + list(head.parameters())
                 opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
                 sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(stage.steps))
                 batches = _cycle(data.batches, rng)
                 end = step + stage.steps
                 for _ in range(stage.steps):
-                    loss, acc = _loss(model, next(batches))
+                    batch = next(batches)
+                    loss, acc = _loss(model, batch)
+                    scene = (head.loss(lm_inputs.vision(batch["input_ids"], model.config.image_token_id), batch["scene"])
+                             if stage.images else torch.zeros(()))
                     opt.zero_grad()
-                    loss.backward()
+                    (scene if stage.name == "tower" else loss + scene).backward()
                     torch.nn.utils.clip_grad_norm_(params, 1.0)
                     opt.step()
                     sched.step()
                     step += 1
-                    history.append({"step": step, "stage": stage.name, "loss": float(loss.detach()), "accuracy": float(acc)})
+                    history.append({"step": step, "stage": stage.name, "loss": float(loss.detach()), "accuracy": float(acc),
+                                    "scene_loss": float(scene.detach())})
                     if log is not None and step % 50 == 0:
-                        log(f"{name} {stage.name} step {step}: loss {float(loss.detach()):.3f} acc {float(acc):.2f}")
+                        log(f"{name} {stage.name} step {step}: loss {float(loss.detach()):.3f} acc {float(acc):.2f} "
+                            f"scene loss {float(scene.detach()):.3f}")
                     if step % recipe.checkpoint_every == 0 or step == end:  # and at every stage's end
                         checkpoint(stage.name)
+            lm_inputs.remove()
     finally:
         torch.set_num_threads(threads)
     record = {**meta, "step": step, "stage": recipe.stages[-1].name, "history": history,
@@ -301,7 +367,7 @@ def train(name: str, out_dir: Path, seed: int, log: Callable[[str], None] | None
 
 # --------------------------------------------------------------------------- names and the cache
 
-_VERSION = "v2"  # bump when a recipe or the training code changes: stale builds are never reused
+_VERSION = "v3"  # bump when a recipe or the training code changes: stale builds are never reused
 _DEFAULT_SEED = 0
 assert tuple(RECIPES) == TRAINED_MODEL_NAMES  # refs.py names them without importing torch
 
