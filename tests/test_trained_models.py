@@ -96,7 +96,7 @@ def test_without_the_image_the_trained_models_fall_to_chance_and_the_random_ones
         real = _value(acc, "accuracy", model=name, condition="baseline")
         for ablated in ("blank", "none"):  # without the image: back to about chance
             without = _value(acc, "accuracy", model=name, condition=ablated)
-            assert without <= CHANCE + 0.1 and real - without >= 0.25, (name, ablated)
+            assert without <= CHANCE + 0.15 and real - without >= 0.2, (name, ablated)
     for name in RANDOM:  # random weights: the image changes nothing the task can see
         real, blank = (_value(acc, "accuracy", model=name, condition=c) for c in ("baseline", "blank"))
         assert abs(real - blank) <= 0.1, name
