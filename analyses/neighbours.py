@@ -93,10 +93,8 @@ def contextual(hidden: object, queries: np.ndarray, keys: np.ndarray, k: int) ->
     best_row = np.full((len(queries), n_layers, k), -1, dtype=np.int64)
     # a block: its decoded rows and its cosines against every query both within BLOCK_BYTES
     per_row = max(n_layers * dim * data.dtype.itemsize, 8 * max(1, len(queries)) * n_layers)
-    step = max(1, streaming.BLOCK_BYTES // per_row)
-    for start in range(0, len(keys), step):
-        block_rows = keys[start:start + step]
-        block = _unit(np.asarray(take_rows(data, block_rows).compute(), dtype=np.float64))  # (b, L, D)
+    for block_rows, rows in streaming.row_blocks(data, keys, per_row):
+        block = _unit(np.asarray(rows.compute(), dtype=np.float64))  # (b, L, D)
         cos = np.einsum("vld,bld->vlb", q, block)
         best_cos, best_row = merge_top(best_cos, best_row, cos, block_rows, k)
     best_cos = np.where(np.isfinite(best_cos), best_cos, np.nan)

@@ -47,7 +47,7 @@ from workbench.store import MODALITIES, RUN_PREFIX
 
 from . import streaming
 from .cache import MissingInputs, cached
-from .streaming import as_dask, as_str, layer_values, layout, take_rows
+from .streaming import as_dask, as_str, layer_values, layout
 
 GROUPS = ("vision", "text", "boundary", "last", "pooled")
 SCORES = ("accuracy", "chance", "control", "selectivity")
@@ -108,11 +108,9 @@ def group_features(ds: xr.Dataset, condition: str) -> np.ndarray:
     last = np.full((n, n_layers, dim), np.nan)
     last_position = np.full(n, -1, dtype=np.int64)
     rows = lay.condition_rows.get(condition, np.zeros(0, np.int64))
-    step = max(1, streaming.BLOCK_BYTES // max(1, n_layers * dim * hidden.dtype.itemsize))
     assert lay.position is not None
-    for start in range(0, len(rows), step):
-        block_rows = rows[start:start + step]
-        block = np.asarray(take_rows(hidden, block_rows).compute(), dtype=np.float64)
+    for block_rows, read in streaming.row_blocks(hidden, rows, n_layers * dim * hidden.dtype.itemsize):
+        block = np.asarray(read.compute(), dtype=np.float64)
         samples, modality = lay.sample_code[block_rows], lay.modality_code[block_rows]
         position = lay.position[block_rows]
         for s in np.unique(samples):

@@ -52,7 +52,7 @@ from workbench.store import MODALITIES
 from . import streaming
 from .bootstrap import summarize
 from .cache import MissingInputs, cached
-from .streaming import as_dask, layer_values, layout, take_rows
+from .streaming import as_dask, layer_values, layout
 
 if TYPE_CHECKING:
     from sae_lens import SAE
@@ -182,10 +182,8 @@ def encode_rows(ds: xr.Dataset, source: SaeSource, rows: np.ndarray) -> Iterator
     data, at = _rows(ds, source)
     sae = load_sae(source)
     width = max(data.shape[-1] * 4, (source.d_sae + source.d_in) * 4)
-    step = max(1, streaming.BLOCK_BYTES // width)
-    for start in range(0, len(rows), step):
-        block_rows = rows[start:start + step]
-        x = np.asarray(take_rows(data, block_rows)[:, at].compute(), dtype=np.float32)
+    for block_rows, read in streaming.row_blocks(data, rows, width):
+        x = np.asarray(read[:, at].compute(), dtype=np.float32)
         features, reconstruction = encode(sae, x)
         yield block_rows, x, features, reconstruction
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import dask.array as da
 import numpy as np
@@ -156,6 +156,15 @@ def take_rows(x, rows: np.ndarray) -> da.Array:
     if len(rows) and np.all(np.diff(rows) == 1):
         return x[int(rows[0]):int(rows[-1]) + 1]
     return x[rows]
+
+
+def row_blocks(x, rows: np.ndarray, row_bytes: int) -> Iterator[tuple[np.ndarray, da.Array]]:
+    """`rows` of `x` in consecutive blocks, each at most BLOCK_BYTES // `row_bytes` rows (`row_bytes`:
+    what one row costs decoded and worked on): (the block's row indices, its rows, lazily)."""
+    step = max(1, BLOCK_BYTES // max(1, row_bytes))
+    for start in range(0, len(rows), step):
+        block_rows = rows[start:start + step]
+        yield block_rows, take_rows(x, block_rows)
 
 
 def _row_blocks(arrays: list[da.Array]) -> list[da.Array]:

@@ -12,7 +12,7 @@ import random
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn
 
 from PIL import Image, ImageDraw
 
@@ -20,6 +20,9 @@ from .definitions import check_eval_mode
 from .errors import DataError
 from .spec import DATBENCH_CONFIGS
 from .spec.problems import undecodable_at
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "Sample",
@@ -131,7 +134,7 @@ class _Canvas:
         self.objects.append(SceneObject(shape.kind, shape.color, box, (col, row)))
 
 
-def object_mask(size: tuple[int, int], objects: Iterable[SceneObject]) -> Any:
+def object_mask(size: tuple[int, int], objects: Iterable[SceneObject]) -> np.ndarray:
     """A (height, width) uint8 array: 1 + the index of the object drawn at each pixel, 0 on the
     background; the same PIL calls as the image, so it covers exactly the shapes' pixels."""
     import numpy as np

@@ -127,11 +127,8 @@ def activation_blocks(ds: xr.Dataset, variable: str, rows: np.ndarray, layer_ind
     from analyses import streaming
 
     data = streaming.as_dask(ds[variable].data)
-    dim = data.shape[2]
-    step = max(1, streaming.BLOCK_BYTES // max(1, dim * data.dtype.itemsize))
-    for start in range(0, len(rows), step):
-        block = streaming.take_rows(data, rows[start:start + step])[:, layer_index]
-        yield np.asarray(block.compute(), dtype=np.float32)
+    for _, block in streaming.row_blocks(data, rows, data.shape[2] * data.dtype.itemsize):
+        yield np.asarray(block[:, layer_index].compute(), dtype=np.float32)
 
 
 def activation_batches(ds: xr.Dataset, variable: str, rows: np.ndarray, layer_index: int, batch_size: int,
