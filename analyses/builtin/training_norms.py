@@ -86,10 +86,11 @@ def training_norms(models: dict[str, xr.Dataset], options: Options, out: Path) -
         for ax in (top, bottom):
             plain_log_ticks(ax.yaxis)
             ax.set_xlabel(STEP_LABEL)
-            for stage in checkpoints[0][2]:
+            for i, stage in enumerate(checkpoints[0][2]):
                 ax.axvline(stage["start"], color="#999999", linestyle=":", linewidth=0.9)
+                # names in three staggered rows: a short stage's start sits close to the next one's
                 ax.annotate(stage["stage"], (stage["start"], 1.0), xycoords=("data", "axes fraction"),
-                            xytext=(2, -10), textcoords="offset points", fontsize=7, color="#555555")
+                            xytext=(2, -10 - 8 * (i % 3)), textcoords="offset points", fontsize=7, color="#555555")
     return plot.finish("norm at layer 0 (dotted: a stage's first step)")
 
 
