@@ -146,13 +146,16 @@ def test_training_batches_train_the_answer_from_the_image(base, tmp_path):
     tower through the optimizer's parameters."""
     import random
     import shutil
+    from collections import Counter
 
+    import numpy as np
     import torch
     import transformers
 
     from workbench.data import builtin_scene
     from workbench.models.architectures import family
     from workbench.models.tiny import _FAMILY, tiny_model_dir
+    from workbench.models.scene_targets import token_targets, vision_boxes, vision_views
     from workbench.models.training import _Batches, _loss, _modules, _trainable, word_tokenizer
 
     directory = tmp_path / "base"
@@ -160,10 +163,16 @@ def test_training_batches_train_the_answer_from_the_image(base, tmp_path):
     arch = family(_FAMILY[base])
     model = getattr(transformers, arch.model_class).from_pretrained(directory, attn_implementation="eager")
     word_tokenizer(directory, model)
-    scenes = [builtin_scene(i, 1001) for i in range(8)]
-    samples = [sample for sample, _ in scenes]
-    data = _Batches(directory, scenes, len(samples), True, random.Random(0))
+    drawn = [builtin_scene(i, 1001) for i in range(40)]
+    data = _Batches(directory, drawn, 4, True, random.Random(0))
+    # batches of one image size each (a batch is padded to its longest prompt), every sample at most
+    # once, and of each size all but the remainder under a full batch
+    sizes = [Counter(drawn[i][0].image.size for i in rows) for rows in data.rows]
+    assert all(len(c) == 1 for c in sizes) and len({i for rows in data.rows for i in rows}) == 4 * len(data.rows)
+    assert sum(sizes, Counter()) == Counter({k: n - n % 4 for k, n in Counter(s.image.size for s, _ in drawn).items()})
     batch, tok = data.batches[0], data.encoder.tokenizer
+    scenes = [drawn[i] for i in data.rows[0]]
+    samples = [sample for sample, _ in scenes]
     rows, pos, targets = batch["target_rows"], batch["target_pos"], batch["targets"]
     assert torch.equal(batch["input_ids"][rows, pos + 1], targets)
     n = len(samples)
@@ -185,38 +194,57 @@ def test_training_batches_train_the_answer_from_the_image(base, tmp_path):
     assert all(p.grad is not None for p in vision) and sum(float(p.grad.norm()) for p in vision) > 0
     # one row of scene targets per image token, in the batch's order
     assert len(batch["scene"]) == int((batch["input_ids"] == model.config.image_token_id).sum())
+    # the boxes kept per image size place each sample's targets as its own prompt's geometry does
+    fresh = []
+    for sample, objects in scenes:
+        inputs = data.encoder.encode(sample.image, sample.question)
+        fresh.append(token_targets(sample.image.size, objects, vision_boxes(inputs.geometry, inputs.modality),
+                                   vision_views(inputs.geometry, inputs.modality)))
+    assert np.array_equal(batch["scene"].numpy(), np.concatenate(fresh))
 
 
 @pytest.mark.parametrize("base", RANDOM)
 def test_scene_targets_say_what_the_pixels_under_each_vision_token_show(base):
     """`scene_targets.token_targets` against the image itself: a token whose box holds an object's
     centroid has the colour of the pixel there; any other token the colour that covers most of its
-    box (at least COVER of it, read from the RGB values), or none; a counting question's objects
-    carry its answer as their number of copies, and x, y are the box's centre."""
+    box (at least COVER of it, read from the RGB values), or none; x, y are the box's centre in
+    its view. In the view of the whole image a counting question's objects carry its answer as
+    their number of copies and a position question's first object its answer as the relation to
+    the second; a SmolVLM crop's tokens count the objects with a pixel in the crop only."""
     import numpy as np
 
     from workbench.data import COLORS, builtin_scene
     from workbench.models.model import InputEncoder, model_info
-    from workbench.models.scene_targets import COLOR_NAMES, COVER, RELATIONS, token_targets, vision_boxes
+    from workbench.models.scene_targets import COLOR_NAMES, COVER, RELATIONS, token_targets, vision_boxes, vision_views
     from workbench.models.tiny import tiny_model_dir
 
     encoder = InputEncoder(model_info(str(tiny_model_dir(base))))
     palette = np.array([COLORS[c] for c in COLOR_NAMES])
-    checked = 0
+    checked = crops = 0
     for index in range(24):
         sample, objects = builtin_scene(index, 0)
         inputs = encoder.encode(sample.image, sample.question)
-        boxes = vision_boxes(inputs.geometry, inputs.modality)
-        targets = token_targets(sample.image.size, objects, boxes)
+        boxes, views = vision_boxes(inputs.geometry, inputs.modality), vision_views(inputs.geometry, inputs.modality)
+        targets = token_targets(sample.image.size, objects, boxes, views)
+        rects = {v: (*boxes[views == v, :2].min(0), *boxes[views == v, 2:].max(0)) for v in set(views[boxes[:, 0] >= 0])}
+        whole = [v for v, rect in rects.items() if np.allclose(rect, (0, 0, *sample.image.size))]
+        assert len(whole) == 1, rects  # Qwen3-VL's one view; SmolVLM's global image, after its crops
+        in_whole = views == whole[0]
         pixels = np.asarray(sample.image).astype(int)
         colour_at = 1 + np.argmax((pixels[..., None, :] == palette).all(-1), axis=-1)  # 1-based
         colour_at[~(pixels[..., None, :] == palette).all(-1).any(-1)] = 0
-        for (x0, y0, x1, y1), row in zip(boxes, targets):
+        shown = {v: [o for o in objects if _pixels_in(pixels, o, rect)] for v, rect in rects.items()}
+        for (x0, y0, x1, y1), view, row in zip(boxes, views, targets):
             if x0 < 0:
                 assert (row == -1).all()
                 continue
-            assert row[4] == pytest.approx((x0 + x1) / 2 / sample.image.width)
-            assert row[5] == pytest.approx((y0 + y1) / 2 / sample.image.height)
+            left, top, right, bottom = rects[view]
+            assert row[4] == pytest.approx(((x0 + x1) / 2 - left) / (right - left))
+            assert row[5] == pytest.approx(((y0 + y1) / 2 - top) / (bottom - top))
+            if row[0] > 0 and row[1] > 0:  # an object's token: the copies of it its view shows
+                colour, kind = COLOR_NAMES[int(row[0]) - 1], ("circle", "square", "triangle")[int(row[1]) - 1]
+                assert row[3] == sum(o.color == colour and o.kind == kind for o in shown[view]), sample.id
+                crops += view != whole[0]
             if row[2] == 1:  # a centroid inside: the pixel under it is that object's
                 continue
             covered = colour_at[int(np.floor(y0)):int(np.ceil(y1)), int(np.floor(x0)):int(np.ceil(x1))].ravel()
@@ -232,16 +260,29 @@ def test_scene_targets_say_what_the_pixels_under_each_vision_token_show(base):
             assert at and all(targets[t, 2] == 1 for t in at)
         if sample.category == "counting":  # "How many red circles are in the image? ..."
             colour, kind = sample.question.split()[2:4]
-            named = [t for t in np.flatnonzero(targets[:, 2] == 1) if COLOR_NAMES[int(targets[t, 0]) - 1] == colour
+            named = [t for t in np.flatnonzero((targets[:, 2] == 1) & in_whole) if COLOR_NAMES[int(targets[t, 0]) - 1] == colour
                      and ("circle", "square", "triangle")[int(targets[t, 1]) - 1] + "s" == kind]
             assert named and all(int(targets[t, 3]) == int(sample.answer) for t in named), sample.id
         if sample.category == "spatial":  # "Is the red circle to the left of, ... the blue square? ..."
             words = sample.question.rstrip("?").split("?")[0].split()
             first, second = words[2], words[-2]
-            at_first = [t for t in np.flatnonzero(targets[:, 2] == 1) if COLOR_NAMES[int(targets[t, 0]) - 1] == first]
+            at_first = [t for t in np.flatnonzero((targets[:, 2] == 1) & in_whole) if COLOR_NAMES[int(targets[t, 0]) - 1] == first]
             relation = targets[at_first, 6 + COLOR_NAMES.index(second)]
             assert at_first and (relation == 1 + RELATIONS.index(sample.answer)).all(), sample.id
-    assert checked > 100
+    assert checked > 100 and (crops > 50 if base == "tiny-smolvlm" else crops == 0)
+
+
+def _pixels_in(pixels, obj, rect) -> bool:
+    """Whether any pixel of `obj` (its colour inside its box: the shapes never share a cell) lies
+    in `rect` (x0, y0, x1, y1, pixel edges)."""
+    import numpy as np
+
+    from workbench.data import COLORS
+
+    x0, y0, x1, y1 = (int(np.floor(rect[0])), int(np.floor(rect[1])), int(np.ceil(rect[2])), int(np.ceil(rect[3])))
+    bx0, by0, bx1, by1 = obj.box
+    window = pixels[max(by0, y0):min(by1 + 1, y1), max(bx0, x0):min(bx1 + 1, x1)]
+    return bool(window.size and np.all(window == COLORS[obj.color], axis=-1).any())
 
 
 def test_retile_gives_smolvlm_larger_tiles_that_the_processor_and_model_agree_on(tmp_path):
