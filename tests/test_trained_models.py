@@ -76,9 +76,9 @@ def _value(data, var, **sel) -> float:
     return float(picked.values.item())
 
 
-# The target. The recipe as it stands (3400 steps) reaches about 72% (Qwen3-VL) and 53%
-# (SmolVLM) held out (docs/families.md), so this fails.
-TARGET_NOT_REACHED = pytest.mark.xfail(reason="the 3400-step recipe does not reach 90% held-out accuracy", strict=False)
+# The target. The recipe as it stands reaches about 81% (Qwen3-VL) and 53% (SmolVLM) held
+# out (docs/families.md), so this fails.
+TARGET_NOT_REACHED = pytest.mark.xfail(reason="recipe v4 does not reach 90% held-out accuracy", strict=False)
 
 
 @TARGET_NOT_REACHED

@@ -86,7 +86,8 @@ class Recipe:
     tile: int | None = None
     # CPU threads, fixed per recipe so the weights do not depend on the machine's cores. SmolVLM's
     # step takes 0.20 s on one thread and 0.12 s on two; Qwen3-VL's 0.14 s and 0.125 s (its tower
-    # attends image by image, a loop of small ops), so it keeps one.
+    # attends image by image, a loop of small ops: transformers 5.25 Qwen3VLVisionAttention splits
+    # the batch per image outside flash attention), so it keeps one.
     threads: int = 1
 
     @property
