@@ -299,7 +299,9 @@ def test_kv_swap(load_tiny, name):
     lp = lambda r: r.run["logprobs"][0, 0]
     # a self-donor (an untouched cache) continues to the full-prefill distribution
     np.testing.assert_allclose(lp(self_swap), lp(base), atol=ATOL)
-    np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], atol=ATOL)
+    # relative too: the split prompt sums in another order, and a trained model's residual stream
+    # reaches |h| ~ 36, where float32's rounding alone is ~1e-5
+    np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], rtol=1e-5, atol=ATOL)
     # the prompt's attention read over its two traces (n-1 tokens, then the last) adds up to the one forward's
     for name in ("prefill_vision_mass", "prefill_text_attention"):
         np.testing.assert_allclose(self_swap.tokens[name], base.tokens[name], atol=ATOL)
