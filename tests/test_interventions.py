@@ -299,9 +299,10 @@ def test_kv_swap(load_tiny, name):
     lp = lambda r: r.run["logprobs"][0, 0]
     # a self-donor (an untouched cache) continues to the full-prefill distribution
     np.testing.assert_allclose(lp(self_swap), lp(base), atol=ATOL)
-    # relative too: the split prompt sums in another order, and a trained model's residual stream
-    # reaches |h| ~ 36, where float32's rounding alone is ~1e-5
-    np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], rtol=1e-5, atol=ATOL)
+    # to float32 rounding at the residual stream's scale: the split prompt sums in another order, and
+    # a trained model's stream reaches |h| ~ 36, where that rounding is ~1e-5 in any component
+    scale = float(np.abs(base.tokens["hidden"]).max())
+    np.testing.assert_allclose(self_swap.tokens["hidden"], base.tokens["hidden"], rtol=0, atol=ATOL + 1e-6 * scale)
     # the prompt's attention read over its two traces (n-1 tokens, then the last) adds up to the one forward's
     for name in ("prefill_vision_mass", "prefill_text_attention"):
         np.testing.assert_allclose(self_swap.tokens[name], base.tokens[name], atol=ATOL)
