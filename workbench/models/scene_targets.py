@@ -55,24 +55,26 @@ def token_targets(size: tuple[int, int], objects: list[SceneObject], boxes: np.n
     objects the crop shows (any of their pixels); the view of the whole image counts them all."""
     mask = object_mask(size, objects)
     views = np.zeros(len(boxes), dtype=np.int64) if views is None else np.asarray(views)
+    centres = [(xs.mean() + 0.5, ys.mean() + 0.5) for ys, xs in
+               (np.nonzero(mask == i) for i in range(1, len(objects) + 1))]
     out = np.full((len(boxes), len(FIELDS)), NO_PLACE, dtype=np.float32)
     placed = boxes[:, 0] >= 0
     for view in np.unique(views[placed]):
         rows = np.flatnonzero(placed & (views == view))
-        out[rows] = _view_targets(mask, objects, boxes[rows])
+        out[rows] = _view_targets(mask, objects, centres, boxes[rows])
     return out
 
 
-def _view_targets(mask: np.ndarray, objects: list[SceneObject], boxes: np.ndarray) -> np.ndarray:
-    """The targets of one view's tokens (all placed); the view is the rectangle their boxes span."""
+def _view_targets(mask: np.ndarray, objects: list[SceneObject], centres: list[tuple[float, float]],
+                  boxes: np.ndarray) -> np.ndarray:
+    """The targets of one view's tokens (all placed; `centres`: each object's centroid in pixels);
+    the view is the rectangle their boxes span."""
     height, width = mask.shape
     left, top, right, bottom = boxes[:, 0].min(), boxes[:, 1].min(), boxes[:, 2].max(), boxes[:, 3].max()
     window = mask[max(int(np.floor(top)), 0):min(int(np.ceil(bottom)), height),
                   max(int(np.floor(left)), 0):min(int(np.ceil(right)), width)]
     shown = [objects[i - 1] for i in np.unique(window) if i]
     kinds = [(o.color, o.kind) for o in shown]
-    centres = [(xs.mean() + 0.5, ys.mean() + 0.5) for ys, xs in
-               (np.nonzero(mask == i) for i in range(1, len(objects) + 1))]
     out = np.zeros((len(boxes), len(FIELDS)), dtype=np.float32)
     for t, (x0, y0, x1, y1) in enumerate(boxes):
         covered = mask[max(int(np.floor(y0)), 0):min(int(np.ceil(y1)), height),

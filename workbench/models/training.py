@@ -111,7 +111,7 @@ def _stages(tower: int, finetune: int) -> tuple[Stage, ...]:
 # The steps fill about 13 minutes of each build on this 2-core machine (docs/families.md); the
 # held-out accuracy still rises at the end of either fine-tune.
 RECIPES: dict[str, Recipe] = {
-    # its two-layer tower learns the scene slowly: a longer tower stage (no LLM forward: 0.03 s a step)
+    # its two-layer tower learns the scene slowly: a longer tower stage, whose steps run no LLM forward
     "tiny-smolvlm-trained": Recipe(base="tiny-smolvlm", stages=_stages(1000, 5000), tile=64, threads=2),
     "tiny-qwen3vl-trained": Recipe(base="tiny-qwen3vl", stages=_stages(400, 5000)),
 }
